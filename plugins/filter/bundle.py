@@ -1,0 +1,81 @@
+"""Small filters the bundle's templates share (Jinja alone would repeat these in every role).
+
+- host_ip:            a host's cluster-facing IP from hostvars (common_host_ip > ansible_host > name)
+- size_bytes:         '4gb', '512MiB', '1 GB', 1073741824 -> int bytes (Mooncake accepts the same units)
+- mooncake_store_cfg: map the seed's older mooncake.json field names onto the current ones
+"""
+import re
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # unit tests run without ansible
+    class AnsibleFilterError(Exception):
+        pass
+
+_UNITS = {'': 1, 'b': 1, 'k': 1024, 'kb': 1024, 'kib': 1024, 'm': 1024 ** 2, 'mb': 1024 ** 2,
+          'mib': 1024 ** 2, 'g': 1024 ** 3, 'gb': 1024 ** 3, 'gib': 1024 ** 3, 't': 1024 ** 4,
+          'tb': 1024 ** 4, 'tib': 1024 ** 4}
+_SIZE_RE = re.compile(r'^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$')
+
+# Seed (older vLLM docs) name -> current Mooncake name. The seed's pools were the
+# store's contributed segment (cpu) and the local transfer buffer (gpu).
+LEGACY_STORE_FIELDS = {
+    'cpu_memory_pool_size': 'global_segment_size',
+    'gpu_memory_pool_size': 'local_buffer_size',
+}
+
+
+def size_bytes(value, name='size'):
+    """Parse a memory size; binary units, as Mooncake's own parser uses."""
+    if isinstance(value, bool):
+        raise AnsibleFilterError('%s=%r is not a size: use an integer of bytes or e.g. "4gb"' % (name, value))
+    if isinstance(value, int):
+        if value <= 0:
+            raise AnsibleFilterError('%s=%r must be positive' % (name, value))
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise AnsibleFilterError(
+            '%s=%r is not a size: use an integer of bytes or a number with a unit (b, kb, mb, gb, tb, or KiB..TiB)'
+            % (name, value))
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise AnsibleFilterError('%s=%r must be positive' % (name, value))
+    return n
+
+
+def is_size(value):
+    try:
+        size_bytes(value)
+        return True
+    except AnsibleFilterError:
+        return False
+
+
+def mooncake_store_cfg(cfg):
+    """Return cfg with legacy keys renamed; a key given under both names is an error."""
+    out = {}
+    for key, val in dict(cfg or {}).items():
+        new = LEGACY_STORE_FIELDS.get(key, key)
+        if new in out:
+            raise AnsibleFilterError('mooncake store config sets both %s and its older name' % new)
+        out[new] = val
+    return out
+
+
+def host_ip(host, hostvars):
+    hv = hostvars[host]
+    for key in ('common_host_ip', 'ansible_host'):
+        if hv.get(key):
+            return str(hv[key])
+    return str(host)
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            'bundle_host_ip': host_ip,
+            'bundle_size_bytes': size_bytes,
+            'bundle_is_size': is_size,
+            'bundle_mooncake_store_cfg': mooncake_store_cfg,
+        }

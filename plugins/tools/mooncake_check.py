@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""mooncake-check: prove a Mooncake transfer path between two hosts works, and how fast.
+
+  serve  target side: registers a zeroed buffer, answers on a plain TCP control port.
+  probe  initiator: writes (or reads) pseudo-random bytes into the target's buffer with the
+         transfer engine, checks sha256 on both ends, compares with a raw TCP baseline.
+  store  put/get round trip through mooncake_master (put on one host, get on another).
+
+Only the standard library and the mooncake wheel are used, so it runs in /opt/mooncake/venv.
+"""
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import random
+import re
+import socket
+import sys
+import time
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def parse_size(text):
+    """'64MiB', '16mb', '1gb', '4096' -> bytes. Binary units throughout, like Mooncake's own '4gb'."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"bad size: {text!r}")
+    n = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    if n <= 0:
+        raise ValueError(f"size must be > 0: {text!r}")
+    return n
+
+
+def payload(seed, n):
+    """Deterministic pseudo-random bytes, so a peer can rebuild the expected content from the seed."""
+    return random.Random(seed).randbytes(n)
+
+
+def sha256_hex(buf):
+    return hashlib.sha256(memoryview(buf)).hexdigest()
+
+
+def gbps(nbytes, seconds):
+    return round(nbytes * 8 / seconds / 1e9, 3) if seconds > 0 else None
+
+
+def build_result(source, target, protocol, nbytes, sha_src, sha_dst, mc_s, tcp_s, direction="write"):
+    """The JSON document probe prints; ratio > 1 means Mooncake beat raw TCP on this pair."""
+    mc, tcp = gbps(nbytes, mc_s), gbps(nbytes, tcp_s) if tcp_s is not None else None
+    return {"source": source, "target": target, "protocol": protocol, "direction": direction,
+            "bytes": nbytes, "sha256": sha_src, "sha256_match": sha_src == sha_dst,
+            "mooncake_seconds": round(mc_s, 6), "mooncake_gbps": mc,
+            "tcp_seconds": None if tcp_s is None else round(tcp_s, 6), "tcp_gbps": tcp,
+            "ratio": round(mc / tcp, 3) if mc and tcp else None}
+
+
+class Channel:
+    """Line-delimited JSON over a stream socket; raw bytes may follow a line (tcp_sink)."""
+
+    def __init__(self, sock):
+        self.sock, self.buf = sock, b""
+
+    def send(self, obj):
+        self.sock.sendall(json.dumps(obj).encode() + b"\n")
+
+    def recv(self):
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("control connection closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def recv_raw(self, n):
+        """Read exactly n bytes (bytes already buffered after the JSON line count too)."""
+        got, self.buf = len(self.buf[:n]), self.buf[n:]
+        view = bytearray(1 << 20)
+        while got < n:
+            k = self.sock.recv_into(view, min(len(view), n - got))
+            if not k:
+                raise ConnectionError(f"tcp_sink: peer closed after {got} of {n} bytes")
+            got += k
+        return got
+
+
+class Buffer:
+    """Plain CPU memory (no numpy: the wheel does not depend on it), zeroed by ctypes."""
+
+    def __init__(self, n):
+        self.mem, self.size = ctypes.create_string_buffer(n), n
+        self.addr = ctypes.addressof(self.mem)
+
+    def register(self, engine):
+        rc = engine.register_memory(self.addr, self.size)
+        if rc != 0:  # -202 is usually memlock (LimitMEMLOCK=infinity)
+            raise RuntimeError(f"register_memory({self.size}) returned {rc}")
+        return self
+
+    def fill(self, data):
+        ctypes.memmove(self.addr, data, len(data))
+
+
+def make_engine(host_ip, protocol, device):
+    if protocol == "tcp":  # else the engine still brings up RDMA where HCAs exist
+        os.environ.setdefault("MC_FORCE_TCP", "1")
+    from mooncake.engine import TransferEngine
+    te = TransferEngine()
+    rc = te.initialize(host_ip, "P2PHANDSHAKE", protocol, device or "")
+    if rc != 0:
+        raise RuntimeError(f"TransferEngine.initialize({host_ip}, P2PHANDSHAKE, {protocol}) returned {rc}")
+    return te
+
+
+def log(msg):
+    print(f"mooncake-check: {msg}", file=sys.stderr, flush=True)
+
+
+def serve_session(ch, buf, hello):
+    """Answer one control connection; True when the client said 'bye'."""
+    ch.send(hello)
+    while True:
+        req = ch.recv()
+        op = req.get("op")
+        if op == "verify":
+            ch.send({"sha256": sha256_hex(buf.mem)})
+        elif op == "fill":  # for --read: content the probe can rebuild from the seed
+            buf.fill(payload(req["seed"], buf.size))
+            ch.send({"sha256": sha256_hex(buf.mem)})
+        elif op == "tcp_sink":
+            t0 = time.perf_counter()
+            got = ch.recv_raw(int(req["bytes"]))
+            ch.send({"bytes": got, "seconds": time.perf_counter() - t0})
+        elif op == "bye":
+            ch.send({"bye": True})
+            return True
+        else:
+            ch.send({"error": f"unknown op {op!r}"})
+
+
+def cmd_serve(a):
+    te = make_engine(a.host_ip, a.protocol, a.device)
+    buf = Buffer(a.size).register(te)
+    hello = {"rpc_port": te.get_rpc_port(), "buffer_addr": buf.addr, "size": a.size, "protocol": a.protocol}
+    lsock = socket.create_server((a.host_ip, a.control_port))
+    deadline = time.monotonic() + a.timeout
+    log(f"serving {hello} control {a.host_ip}:{a.control_port}")
+    while (left := deadline - time.monotonic()) > 0:
+        lsock.settimeout(left)
+        try:
+            conn, peer = lsock.accept()
+        except socket.timeout:
+            continue
+        with conn:  # one client at a time; a broken client does not end the serve
+            conn.settimeout(max(1.0, deadline - time.monotonic()))
+            try:
+                if serve_session(Channel(conn), buf, hello):
+                    return 0
+            except (ConnectionError, socket.timeout, ValueError, KeyError, TypeError) as e:
+                log(f"client {peer[0]}: {e}")
+    log(f"timeout after {a.timeout}s without 'bye'")
+    return 2
+
+
+def cmd_probe(a):
+    te = make_engine(a.host_ip, a.protocol, a.device)
+    sock = socket.create_connection((a.target, a.control_port), timeout=a.timeout)
+    ch = Channel(sock)
+    try:
+        res = measure(a, te, ch, ch.recv())
+    finally:
+        if not a.keep_target:  # release the target even when we fail: our exit code carries the verdict
+            try:
+                ch.sock.settimeout(10)  # a silent target must not hold up our verdict
+                ch.send({"op": "bye"})
+                ch.recv()
+            except OSError:
+                pass
+    print(json.dumps(res) if a.json else "\n".join(f"{k:17} {v}" for k, v in res.items()))
+    if not res["sha256_match"]:
+        log("sha256 mismatch between source and destination buffer")
+        return 1
+    return 0
+
+
+def measure(a, te, ch, hello):
+    if hello.get("protocol") != a.protocol:
+        raise RuntimeError(f"protocol mismatch: target serves {hello.get('protocol')}, probe uses {a.protocol}")
+    if a.size > hello["size"]:
+        raise RuntimeError(f"--size {a.size} exceeds target buffer {hello['size']}")
+    n, peer, direction = a.size, f"{a.target}:{hello['rpc_port']}", "read" if a.read else "write"
+    buf = Buffer(n).register(te)
+    seed = int.from_bytes(os.urandom(8), "little")  # fresh per run: stale target data cannot match
+    # Slices of at most --chunk bytes, sent as one batch.
+    offs = list(range(0, n, a.chunk))
+    srcs, dsts = [buf.addr + o for o in offs], [hello["buffer_addr"] + o for o in offs]
+    lens = [min(a.chunk, n - o) for o in offs]
+    if a.read:  # target fills its buffer from the seed, we pull it
+        ch.send({"op": "fill", "seed": seed})
+        want = ch.recv()["sha256"]
+        xfer = te.batch_transfer_sync_read
+    else:
+        buf.fill(payload(seed, n))
+        want = sha256_hex(buf.mem)
+        xfer = te.batch_transfer_sync_write
+    mc_s = None
+    for _ in range(a.iterations):  # best of N: the first run also pays the handshake
+        t0 = time.perf_counter()
+        rc = xfer(peer, srcs, dsts, lens)
+        mc_s = min(mc_s or 1e9, time.perf_counter() - t0)
+        if rc != 0:
+            raise RuntimeError(f"batch_transfer_sync_{direction} to {peer} returned {rc}")
+    if a.read:
+        got = sha256_hex(buf.mem)
+    else:
+        ch.send({"op": "verify"})
+        got = ch.recv()["sha256"]
+    tcp_s = None
+    for _ in range(0 if a.no_tcp else a.iterations):  # raw TCP baseline, same bytes, same pair
+        t0 = time.perf_counter()
+        ch.send({"op": "tcp_sink", "bytes": n})
+        ch.sock.sendall(memoryview(buf.mem))
+        ch.recv()
+        tcp_s = min(tcp_s or 1e9, time.perf_counter() - t0)
+    return build_result(a.host_ip, a.target, a.protocol, n, want, got, mc_s, tcp_s, direction)
+
+
+def cmd_store(a):
+    if a.protocol == "tcp":
+        os.environ.setdefault("MC_FORCE_TCP", "1")
+    from mooncake.store import MooncakeDistributedStore
+    st = MooncakeDistributedStore()
+    rc = st.setup(a.host_ip, a.metadata, a.segment_size, a.buffer_size, a.protocol, a.device or "", a.master)
+    if rc != 0:
+        raise RuntimeError(f"store setup (master {a.master}, metadata {a.metadata}) returned {rc}")
+    try:
+        if a.action == "put":
+            data = payload(a.key, a.size)  # seeded by the key: get can rebuild it with --size
+            rc = st.put(a.key, data)
+            if rc != 0:
+                raise RuntimeError(f"put({a.key}) returned {rc}")
+            print(json.dumps({"key": a.key, "bytes": a.size, "sha256": hashlib.sha256(data).hexdigest()}), flush=True)
+            # The replica may live in this process's segment: stay up until a getter removes the key.
+            end = time.monotonic() + a.hold
+            while time.monotonic() < end and st.is_exist(a.key) == 1:
+                time.sleep(0.5)
+            return 0
+        want = a.expect_sha256 or (hashlib.sha256(payload(a.key, a.size)).hexdigest() if a.size else None)
+        if not want:
+            raise RuntimeError("get needs --expect-sha256 or --size")
+        data = st.get(a.key)
+        if not data:  # get() returns b"" for a missing key, or when the segment holding it is gone
+            log(f"key {a.key!r} not found (did the put side exit before the get? use put --hold)")
+        got = hashlib.sha256(data).hexdigest()
+        print(json.dumps({"key": a.key, "bytes": len(data), "sha256": got, "sha256_match": got == want}))
+        if a.remove:
+            st.remove(a.key, True)  # force: the put side may still hold its lease
+        return 0 if got == want and data else 1
+    finally:
+        st.close()
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="mooncake-check", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def engine_opts(sp):
+        sp.add_argument("--host-ip", required=True, help="this host's cluster-facing IP")
+        sp.add_argument("--protocol", choices=["tcp", "rdma"], default="rdma")
+        sp.add_argument("--device", default="", help="comma list of RDMA devices, e.g. mlx5_0,mlx5_1")
+
+    s = sub.add_parser("serve", help="target side")
+    engine_opts(s)
+    s.add_argument("--size", type=parse_size, default="64MiB")
+    s.add_argument("--control-port", type=int, default=18800)
+    s.add_argument("--timeout", type=float, default=300, help="exit 2 if no 'bye' within this many seconds")
+    s.set_defaults(fn=cmd_serve)
+
+    r = sub.add_parser("probe", help="initiator side")
+    engine_opts(r)
+    r.add_argument("--target", required=True)
+    r.add_argument("--control-port", type=int, default=18800)
+    r.add_argument("--size", type=parse_size, default="64MiB")
+    r.add_argument("--chunk", type=parse_size, default="16MiB", help="largest slice per transfer request")
+    r.add_argument("--iterations", type=int, default=3, help="report the best of N runs of each transfer")
+    r.add_argument("--read", action="store_true", help="test transfer_sync_read (target -> probe) instead")
+    r.add_argument("--no-tcp", action="store_true", help="skip the raw TCP baseline")
+    r.add_argument("--keep-target", action="store_true", help="do not send 'bye' to the target")
+    r.add_argument("--timeout", type=float, default=120)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_probe)
+
+    t = sub.add_parser("store", help="store round trip through mooncake_master")
+    engine_opts(t)
+    t.add_argument("--master", required=True, help="H:50051")
+    t.add_argument("--metadata", required=True, help="http://H:8080/metadata | etcd://H:2379 | P2PHANDSHAKE")
+    t.add_argument("--segment-size", type=parse_size, default="128MiB", help="global segment this client mounts")
+    t.add_argument("--buffer-size", type=parse_size, default="128MiB", help="local transfer buffer")
+    ta = t.add_subparsers(dest="action", required=True)
+    put = ta.add_parser("put")
+    put.add_argument("--key", required=True)
+    put.add_argument("--size", type=parse_size, default="16MiB")
+    put.add_argument("--hold", type=float, default=0, help="keep the segment up this long, or until the key is removed")
+    get = ta.add_parser("get")
+    get.add_argument("--key", required=True)
+    get.add_argument("--expect-sha256")
+    get.add_argument("--size", type=parse_size, help="rebuild the expected content from key and size")
+    get.add_argument("--remove", action="store_true", help="remove the key afterwards (releases a holding put)")
+    t.set_defaults(fn=cmd_store)
+    return p
+
+
+def main(argv=None):
+    a = build_parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except (RuntimeError, OSError, ValueError, KeyError) as e:
+        log(f"error: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

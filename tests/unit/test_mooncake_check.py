@@ -1,0 +1,172 @@
+"""Unit tests for the pure parts of plugins/tools/mooncake_check.py.
+
+The transfer engine is never faked here: the real transfers are exercised by
+tests/integration/test_mooncake_check_netns.py. These tests cover size parsing, the result
+document, and the control protocol over a real socket pair.
+"""
+import hashlib
+import importlib.util
+import json
+import pathlib
+import socket
+import threading
+
+import pytest
+
+_PATH = pathlib.Path(__file__).resolve().parents[2] / "plugins" / "tools" / "mooncake_check.py"
+_spec = importlib.util.spec_from_file_location("mooncake_check", _PATH)
+mc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mc)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("64MiB", 64 << 20), ("16mb", 16 << 20), ("1gb", 1 << 30), ("4096", 4096), (4096, 4096),
+    ("1 GiB", 1 << 30), ("512k", 512 << 10), ("2KB", 2048), ("7b", 7), ("1T", 1 << 40),
+])
+def test_parse_size(text, expected):
+    assert mc.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "MiB", "-1", "1.5GiB", "12xb", "0", "0MiB", "1 2"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        mc.parse_size(text)
+
+
+def test_cli_rejects_bad_size():
+    with pytest.raises(SystemExit) as e:
+        mc.build_parser().parse_args(["probe", "--target", "x", "--host-ip", "y", "--size", "12xb"])
+    assert e.value.code == 2
+
+
+def test_cli_defaults():
+    a = mc.build_parser().parse_args(["serve", "--host-ip", "10.0.0.1"])
+    assert (a.size, a.control_port, a.protocol, a.timeout) == (64 << 20, 18800, "rdma", 300)
+    a = mc.build_parser().parse_args(["store", "--master", "h:50051", "--metadata", "P2PHANDSHAKE",
+                                      "--host-ip", "h", "get", "--key", "k", "--size", "1mb"])
+    assert (a.action, a.size, a.expect_sha256) == ("get", 1 << 20, None)
+
+
+def test_payload_is_deterministic_and_seed_dependent():
+    assert mc.payload(7, 1000) == mc.payload(7, 1000)
+    assert mc.payload(7, 1000) != mc.payload(8, 1000)
+    assert mc.payload("key", 1000) != mc.payload("key2", 1000)
+    assert len(mc.payload(1, 3 << 20)) == 3 << 20
+
+
+def test_build_result_ratio_and_match():
+    n = 1 << 30
+    r = mc.build_result("a", "b", "tcp", n, "s", "s", 1.0, 2.0)
+    assert r["sha256_match"] is True
+    assert r["mooncake_gbps"] == pytest.approx(8.59, abs=0.01)  # 2^30 bytes * 8 / 1 s in Gbit/s
+    assert r["tcp_gbps"] == pytest.approx(4.295, abs=0.001)
+    assert r["ratio"] == pytest.approx(2.0, abs=0.01)
+    assert json.loads(json.dumps(r)) == r
+
+
+def test_build_result_mismatch_and_no_baseline():
+    r = mc.build_result("a", "b", "rdma", 100, "s1", "s2", 0.5, None, "read")
+    assert r["sha256_match"] is False
+    assert r["tcp_gbps"] is None and r["ratio"] is None and r["direction"] == "read"
+
+
+def test_sha256_of_buffer_matches_hashlib():
+    buf = mc.Buffer(1 << 16)
+    assert mc.sha256_hex(buf.mem) == hashlib.sha256(bytes(1 << 16)).hexdigest()  # starts zeroed
+    data = mc.payload(3, 1 << 16)
+    buf.fill(data)
+    assert mc.sha256_hex(buf.mem) == hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    a.settimeout(10)
+    b.settimeout(10)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_channel_framing_split_and_coalesced(pair):
+    a, b = pair
+    ch = mc.Channel(b)
+    a.sendall(b'{"op": "ver')  # a message split over two segments
+    a.sendall(b'ify"}\n{"op": "bye"}\n')  # ... and two messages in one segment
+    assert ch.recv() == {"op": "verify"}
+    assert ch.recv() == {"op": "bye"}
+    mc.Channel(a).send({"x": 1})
+    assert b.recv(100) == b'{"x": 1}\n'
+
+
+def test_channel_raw_bytes_after_line(pair):
+    a, b = pair
+    ch = mc.Channel(b)
+    blob = mc.payload(5, 3 << 20)
+    # The raw bytes start in the same segment as the JSON line: they must be counted too.
+    t = threading.Thread(target=lambda: a.sendall(b'{"op": "tcp_sink"}\n' + blob + b'{"op": "bye"}\n'))
+    t.start()
+    assert ch.recv() == {"op": "tcp_sink"}
+    assert ch.recv_raw(len(blob)) == len(blob)
+    assert ch.recv() == {"op": "bye"}
+    t.join()
+
+
+def test_channel_peer_closed(pair):
+    a, b = pair
+    ch = mc.Channel(b)
+    a.sendall(b'{"op": "tcp_sink"}\n' + b"x" * 10)
+    a.close()
+    assert ch.recv() == {"op": "tcp_sink"}
+    with pytest.raises(ConnectionError, match="after 10 of 100 bytes"):
+        ch.recv_raw(100)
+    with pytest.raises(ConnectionError):
+        ch.recv()
+
+
+def test_serve_session_protocol(pair):
+    """Drive the target's control loop over a socket pair with a plain (unregistered) buffer."""
+    a, b = pair
+    size = 1 << 20
+    buf = mc.Buffer(size)
+    hello = {"rpc_port": 15001, "buffer_addr": buf.addr, "size": size, "protocol": "tcp"}
+    out = {}
+    t = threading.Thread(target=lambda: out.update(bye=mc.serve_session(mc.Channel(b), buf, hello)))
+    t.start()
+    cli = mc.Channel(a)
+    assert cli.recv() == hello
+    cli.send({"op": "verify"})
+    assert cli.recv()["sha256"] == hashlib.sha256(bytes(size)).hexdigest()
+    cli.send({"op": "fill", "seed": 42})
+    assert cli.recv()["sha256"] == hashlib.sha256(mc.payload(42, size)).hexdigest()
+    cli.send({"op": "verify"})  # verify reports what the buffer holds now
+    assert cli.recv()["sha256"] == hashlib.sha256(mc.payload(42, size)).hexdigest()
+    cli.send({"op": "tcp_sink", "bytes": 2 << 20})
+    a.sendall(mc.payload(1, 2 << 20))
+    r = cli.recv()
+    assert r["bytes"] == 2 << 20 and r["seconds"] >= 0
+    cli.send({"op": "nope"})
+    assert "unknown op" in cli.recv()["error"]
+    cli.send({"op": "bye"})
+    assert cli.recv() == {"bye": True}
+    t.join(10)
+    assert out == {"bye": True}
+
+
+def test_serve_session_ends_without_bye_when_client_leaves(pair):
+    a, b = pair
+    buf = mc.Buffer(16)
+    errs = []
+
+    def run():
+        try:
+            mc.serve_session(mc.Channel(b), buf, {"size": 16})
+        except ConnectionError as e:
+            errs.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert mc.Channel(a).recv() == {"size": 16}
+    a.close()
+    t.join(10)
+    assert len(errs) == 1
