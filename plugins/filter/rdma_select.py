@@ -7,7 +7,7 @@ Pure functions: importable without Ansible (tests import this file directly).
 Filters
 -------
 ``rdma_select(rdma, gpus=[], nics='auto', link_layer='any', exclude=[], gid_type='RoCE v2',
-require_ipv4=True, min_rate_gbps=0, instance=None)`` returns::
+require_ipv4=True, min_rate_gbps=0, instance_name=None)`` returns::
 
     {"nics": ["mlx5_0", ...],        # RDMA device names (Mooncake device_name / MC_TE_FILTERS)
      "netdevs": ["ens1f0np0", ...],  # their netdevs (None entries dropped)
@@ -94,8 +94,8 @@ def rdma_describe(rdma):
     return "\n".join(lines)
 
 
-def _fail(instance, problem, rdma, extra=None):
-    head = "rdma_select%s: %s" % ((" [instance %s]" % instance) if instance else "", problem)
+def _fail(instance_name, problem, rdma, extra=None):
+    head = "rdma_select%s: %s" % ((" [instance %s]" % instance_name) if instance_name else "", problem)
     parts = [head]
     if extra:
         parts.append(extra)
@@ -187,22 +187,23 @@ def _normalise_gpus(gpus):
         try:
             out.append(int(gpu))
         except (TypeError, ValueError):
-            raise AnsibleFilterError("rdma_select: gpus must be a list of GPU indexes, got %r" % (gpus,))
+            raise AnsibleFilterError("rdma_select: gpus must be a list of GPU indexes, got %r" % (gpus,)) from None
     return out
 
 
 def rdma_select(rdma, gpus=None, nics="auto", link_layer="any", exclude=None, gid_type="RoCE v2",
-                require_ipv4=True, min_rate_gbps=0, instance=None):
+                require_ipv4=True, min_rate_gbps=0, instance_name=None):
     """Choose NICs (+ GID index) for one instance. See module docstring for the rules."""
     rdma = rdma or {}
     if link_layer not in LINK_LAYERS:
-        raise AnsibleFilterError("rdma_select: link_layer must be one of %s, got %r" % (", ".join(LINK_LAYERS), link_layer))
+        raise AnsibleFilterError("rdma_select: link_layer must be one of %s, got %r"
+                                 % (", ".join(LINK_LAYERS), link_layer))
     devices = sorted(rdma.get("devices") or [], key=lambda d: _natural_key(d.get("name")))
     gpu_list = _normalise_gpus(gpus)
     host_gpus = {g.get("index") for g in rdma.get("gpus") or []}
     missing = [g for g in gpu_list if g not in host_gpus]
     if missing and host_gpus:
-        _fail(instance, "GPU index(es) %s not present on this host (GPUs %s)" % (missing, sorted(host_gpus)), rdma)
+        _fail(instance_name, "GPU index(es) %s not present on this host (GPUs %s)" % (missing, sorted(host_gpus)), rdma)
     # GPUs absent from a GPU-less host (lab VM with a CPU build) carry no affinity information
     gpu_list = [g for g in gpu_list if g in host_gpus]
     levels = {}
@@ -212,7 +213,7 @@ def rdma_select(rdma, gpus=None, nics="auto", link_layer="any", exclude=None, gi
     try:
         min_rate = float(min_rate_gbps or 0)
     except (TypeError, ValueError):
-        raise AnsibleFilterError("rdma_select: min_rate_gbps must be a number, got %r" % (min_rate_gbps,))
+        raise AnsibleFilterError("rdma_select: min_rate_gbps must be a number, got %r" % (min_rate_gbps,)) from None
 
     def affinity_of(dev):
         return {g: levels.get((g, dev.get("name")), "sys") for g in gpu_list}
@@ -237,8 +238,9 @@ def rdma_select(rdma, gpus=None, nics="auto", link_layer="any", exclude=None, gi
                     continue
                 candidates.append((dev, port, gid))
         if not candidates:
-            _fail(instance, "no usable RDMA port for nics=auto (link_layer=%s, gid_type=%s, require_ipv4=%s, "
-                            "min_rate_gbps=%s, exclude=%s)" % (link_layer, gid_type, require_ipv4, min_rate_gbps, exclude),
+            _fail(instance_name, "no usable RDMA port for nics=auto (link_layer=%s, gid_type=%s, require_ipv4=%s, "
+                                 "min_rate_gbps=%s, exclude=%s)"
+                  % (link_layer, gid_type, require_ipv4, min_rate_gbps, exclude),
                   rdma, "Rejected: " + ("; ".join(rejected) if rejected else "nothing to reject (no RDMA ports)"))
         picked = set()
         groups = [[g] for g in gpu_list] or [[]]
@@ -259,14 +261,14 @@ def rdma_select(rdma, gpus=None, nics="auto", link_layer="any", exclude=None, gi
         tokens = [nics] if isinstance(nics, str) else list(nics)
         tokens = [t.strip() for tok in tokens for t in str(tok).split(",") if t.strip()]
         if not tokens:
-            _fail(instance, "nics is an empty list; use 'auto' or name the NICs", rdma)
+            _fail(instance_name, "nics is an empty list; use 'auto' or name the NICs", rdma)
         for token in tokens:
             dev, port_num = _find_device(devices, token)
             if dev is None:
-                _fail(instance, "NIC %r not found (not an RDMA device or netdev of one)" % token, rdma)
+                _fail(instance_name, "NIC %r not found (not an RDMA device or netdev of one)" % token, rdma)
             ports = [p for p in dev.get("ports") or [] if port_num is None or p.get("port") == port_num]
             if not ports:
-                _fail(instance, "NIC %r has no port %s" % (dev.get("name"), port_num), rdma)
+                _fail(instance_name, "NIC %r has no port %s" % (dev.get("name"), port_num), rdma)
             problems, found = [], None
             for port in ports:
                 problem, gid = _port_problem(port, link_layer, gid_type, require_ipv4)
@@ -276,19 +278,19 @@ def rdma_select(rdma, gpus=None, nics="auto", link_layer="any", exclude=None, gi
                 found = _entry(dev, port, gid, affinity_of(dev))
                 break
             if found is None:
-                _fail(instance, "explicit NIC %r cannot be used: %s. Bring the port up or remove it from the "
-                                "instance's nics list (or use nics: auto)" % (token, "; ".join(problems)), rdma)
+                _fail(instance_name, "explicit NIC %r cannot be used: %s. Bring the port up or remove it from the "
+                                     "instance's nics list (or use nics: auto)" % (token, "; ".join(problems)), rdma)
             if any(c["nic"] == found["nic"] and c["port"] == found["port"] for c in chosen):
                 continue
             chosen.append(found)
 
     layers = sorted({c["link_layer"] for c in chosen})
     if len(layers) > 1:
-        _fail(instance, "chosen NICs mix link layers %s (%s); set link_layer to InfiniBand or Ethernet"
+        _fail(instance_name, "chosen NICs mix link layers %s (%s); set link_layer to InfiniBand or Ethernet"
               % (layers, ", ".join(c["nic"] for c in chosen)), rdma)
     gid_indexes = sorted({c["gid_index"] for c in chosen if c["gid_index"] is not None})
     if len(gid_indexes) > 1:
-        _fail(instance, "chosen RoCE NICs need different GID indexes (%s), but Mooncake takes one MC_GID_INDEX; "
+        _fail(instance_name, "chosen RoCE NICs need different GID indexes (%s), but Mooncake takes one MC_GID_INDEX; "
               "list NICs with the same GID layout explicitly" % ", ".join(
                   "%s=%s" % (c["nic"], c["gid_index"]) for c in chosen), rdma)
     port_nums = sorted({c["port"] for c in chosen})

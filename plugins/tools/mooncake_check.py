@@ -19,16 +19,13 @@ import socket
 import sys
 import time
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
-
 
 def parse_size(text):
     """'64MiB', '16mb', '1gb', '4096' -> bytes. Binary units throughout, like Mooncake's own '4gb'."""
-    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
+    m = re.fullmatch(r"\s*(\d+)\s*(?:([kmgt])i?)?b?\s*", str(text), re.IGNORECASE)
+    if not m:
         raise ValueError(f"bad size: {text!r}")
-    n = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    n = int(m.group(1)) << 10 * " kmgt".index((m.group(2) or " ").lower())
     if n <= 0:
         raise ValueError(f"size must be > 0: {text!r}")
     return n
@@ -48,7 +45,7 @@ def gbps(nbytes, seconds):
 
 
 def build_result(source, target, protocol, nbytes, sha_src, sha_dst, mc_s, tcp_s, direction="write"):
-    """The JSON document probe prints; ratio > 1 means Mooncake beat raw TCP on this pair."""
+    """The JSON document probe prints. *_gbps are Gbit/s; ratio > 1: Mooncake beat raw TCP."""
     mc, tcp = gbps(nbytes, mc_s), gbps(nbytes, tcp_s) if tcp_s is not None else None
     return {"source": source, "target": target, "protocol": protocol, "direction": direction,
             "bytes": nbytes, "sha256": sha_src, "sha256_match": sha_src == sha_dst,
@@ -104,14 +101,29 @@ class Buffer:
         ctypes.memmove(self.addr, data, len(data))
 
 
+def topology_hcas(text):
+    """RDMA device names in get_local_topology()'s JSON: {"cpu:0": [[preferred...], [available...]]}."""
+    return {name for ranks in json.loads(text).values() for names in ranks for name in names}
+
+
 def make_engine(host_ip, protocol, device):
+    forced = os.environ.get("MC_FORCE_TCP", "").lower() not in ("", "0", "false", "no")
     if protocol == "tcp":  # else the engine still brings up RDMA where HCAs exist
         os.environ.setdefault("MC_FORCE_TCP", "1")
+    elif forced:
+        raise RuntimeError("--protocol rdma with MC_FORCE_TCP set: the engine would use TCP")
     from mooncake.engine import TransferEngine
     te = TransferEngine()
     rc = te.initialize(host_ip, "P2PHANDSHAKE", protocol, device or "")
     if rc != 0:
-        raise RuntimeError(f"TransferEngine.initialize({host_ip}, P2PHANDSHAKE, {protocol}) returned {rc}")
+        raise RuntimeError(f"initialize({host_ip}, P2PHANDSHAKE, {protocol}) returned {rc}")
+    if protocol == "rdma":  # with no HCA, initialize() returns 0 and transfers silently use TCP
+        hcas = topology_hcas(te.get_local_topology())
+        missing = set(filter(None, (device or "").split(","))) - hcas
+        if not hcas:
+            raise RuntimeError("--protocol rdma, but the engine found no RDMA device (would use TCP)")
+        if missing:
+            raise RuntimeError(f"--device {sorted(missing)} not among the engine's devices {sorted(hcas)}")
     return te
 
 
@@ -152,14 +164,14 @@ def cmd_serve(a):
         lsock.settimeout(left)
         try:
             conn, peer = lsock.accept()
-        except socket.timeout:
+        except TimeoutError:
             continue
         with conn:  # one client at a time; a broken client does not end the serve
             conn.settimeout(max(1.0, deadline - time.monotonic()))
             try:
                 if serve_session(Channel(conn), buf, hello):
                     return 0
-            except (ConnectionError, socket.timeout, ValueError, KeyError, TypeError) as e:
+            except (TimeoutError, ConnectionError, ValueError, KeyError, TypeError) as e:
                 log(f"client {peer[0]}: {e}")
     log(f"timeout after {a.timeout}s without 'bye'")
     return 2
@@ -188,7 +200,7 @@ def cmd_probe(a):
 
 def measure(a, te, ch, hello):
     if hello.get("protocol") != a.protocol:
-        raise RuntimeError(f"protocol mismatch: target serves {hello.get('protocol')}, probe uses {a.protocol}")
+        raise RuntimeError(f"protocol mismatch: target {hello.get('protocol')}, probe {a.protocol}")
     if a.size > hello["size"]:
         raise RuntimeError(f"--size {a.size} exceeds target buffer {hello['size']}")
     n, peer, direction = a.size, f"{a.target}:{hello['rpc_port']}", "read" if a.read else "write"
@@ -242,15 +254,16 @@ def cmd_store(a):
             rc = st.put(a.key, data)
             if rc != 0:
                 raise RuntimeError(f"put({a.key}) returned {rc}")
-            print(json.dumps({"key": a.key, "bytes": a.size, "sha256": hashlib.sha256(data).hexdigest()}), flush=True)
+            sha = hashlib.sha256(data).hexdigest()
+            print(json.dumps({"key": a.key, "bytes": a.size, "sha256": sha}), flush=True)
             # The replica may live in this process's segment: stay up until a getter removes the key.
             end = time.monotonic() + a.hold
             while time.monotonic() < end and st.is_exist(a.key) == 1:
                 time.sleep(0.5)
             return 0
-        want = a.expect_sha256 or (hashlib.sha256(payload(a.key, a.size)).hexdigest() if a.size else None)
-        if not want:
+        if not (a.expect_sha256 or a.size):
             raise RuntimeError("get needs --expect-sha256 or --size")
+        want = (a.expect_sha256 or hashlib.sha256(payload(a.key, a.size)).hexdigest()).lower()
         data = st.get(a.key)
         if not data:  # get() returns b"" for a missing key, or when the segment holding it is gone
             log(f"key {a.key!r} not found (did the put side exit before the get? use put --hold)")
@@ -296,19 +309,20 @@ def build_parser():
     t = sub.add_parser("store", help="store round trip through mooncake_master")
     engine_opts(t)
     t.add_argument("--master", required=True, help="H:50051")
-    t.add_argument("--metadata", required=True, help="http://H:8080/metadata | etcd://H:2379 | P2PHANDSHAKE")
-    t.add_argument("--segment-size", type=parse_size, default="128MiB", help="global segment this client mounts")
+    t.add_argument("--metadata", required=True, help="http://H:8080/metadata, etcd://H:2379 or P2PHANDSHAKE")
+    t.add_argument("--segment-size", type=parse_size, default="128MiB", help="segment this client mounts")
     t.add_argument("--buffer-size", type=parse_size, default="128MiB", help="local transfer buffer")
     ta = t.add_subparsers(dest="action", required=True)
     put = ta.add_parser("put")
     put.add_argument("--key", required=True)
     put.add_argument("--size", type=parse_size, default="16MiB")
-    put.add_argument("--hold", type=float, default=0, help="keep the segment up this long, or until the key is removed")
+    put.add_argument("--hold", type=float, default=0, help="stay up (segment mounted) this many seconds, "
+                     "or until a get --remove")
     get = ta.add_parser("get")
     get.add_argument("--key", required=True)
     get.add_argument("--expect-sha256")
     get.add_argument("--size", type=parse_size, help="rebuild the expected content from key and size")
-    get.add_argument("--remove", action="store_true", help="remove the key afterwards (releases a holding put)")
+    get.add_argument("--remove", action="store_true", help="remove the key after (releases a holding put)")
     t.set_defaults(fn=cmd_store)
     return p
 
@@ -317,7 +331,7 @@ def main(argv=None):
     a = build_parser().parse_args(argv)
     try:
         return a.fn(a)
-    except (RuntimeError, OSError, ValueError, KeyError) as e:
+    except (RuntimeError, OSError, ValueError, KeyError, ImportError) as e:
         log(f"error: {e}")
         return 1
 

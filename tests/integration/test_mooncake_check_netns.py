@@ -146,7 +146,7 @@ def test_probe_fails_on_transfer_error():
         conn.settimeout(60)
         assert b'"bye"' in conn.recv(1000)  # the probe releases the target even on failure
         conn.close()
-        out, err = p.communicate(timeout=60)
+        _, err = p.communicate(timeout=60)
     assert p.returncode == 1
     assert "batch_transfer_sync_write to 127.0.0.1:" in err and "returned -" in err
 
@@ -192,3 +192,11 @@ def test_store_round_trip_across_namespaces(netns):
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+
+
+@pytest.mark.skipif(any(pathlib.Path("/sys/class/infiniband").glob("*")), reason="host has RDMA devices")
+def test_rdma_without_devices_is_refused():
+    """The engine falls back to TCP silently when it finds no HCA; the check must not pass then."""
+    p = run(tool(None, "serve", "--host-ip", "127.0.0.1", "--protocol", "rdma", "--size", "1MiB",
+                 "--control-port", str(free_port()), "--timeout", "5"))
+    assert p.returncode == 1 and "no RDMA device" in p.stderr

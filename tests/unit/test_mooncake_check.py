@@ -70,6 +70,20 @@ def test_build_result_mismatch_and_no_baseline():
     assert r["tcp_gbps"] is None and r["ratio"] is None and r["direction"] == "read"
 
 
+def test_topology_hcas():
+    # Exactly what the 0.3.13.post1 wheel returned on a host without RDMA devices.
+    assert mc.topology_hcas('{\n\t"cpu:0" : \n\t[\n\t\t[],\n\t\t[]\n\t]\n}\n') == set()
+    topo = '{"cpu:0": [["mlx5_0"], ["mlx5_1"]], "cpu:1": [["mlx5_1"], []], "cuda:0": [["mlx5_2"], []]}'
+    assert mc.topology_hcas(topo) == {"mlx5_0", "mlx5_1", "mlx5_2"}
+
+
+def test_rdma_refused_when_tcp_forced(monkeypatch):
+    # Checked before the engine is imported, so this needs no wheel.
+    monkeypatch.setenv("MC_FORCE_TCP", "true")
+    with pytest.raises(RuntimeError, match="MC_FORCE_TCP"):
+        mc.make_engine("10.0.0.1", "rdma", "")
+
+
 def test_sha256_of_buffer_matches_hashlib():
     buf = mc.Buffer(1 << 16)
     assert mc.sha256_hex(buf.mem) == hashlib.sha256(bytes(1 << 16)).hexdigest()  # starts zeroed

@@ -41,7 +41,8 @@ def level(data, gpu, nic):
 
 
 # -- parsers ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("raw,expected", [("4: ACTIVE", "ACTIVE"), ("1: DOWN", "DOWN"), ("ACTIVE", "ACTIVE"), (None, None)])
+@pytest.mark.parametrize("raw,expected", [
+    ("4: ACTIVE", "ACTIVE"), ("1: DOWN", "DOWN"), ("ACTIVE", "ACTIVE"), (None, None)])
 def test_parse_state(raw, expected):
     assert rdma_facts.parse_state(raw) == expected
 

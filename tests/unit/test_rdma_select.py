@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -95,7 +99,7 @@ def test_dgx_explicit_and_link_layer_checks():
 
 def test_missing_gpu_index_on_gpu_host():
     with pytest.raises(FilterError, match=r"GPU index\(es\) \[9\] not present"):
-        select(facts("dgx_8gpu_8ib"), gpus=[9], instance="prefill-0")
+        select(facts("dgx_8gpu_8ib"), gpus=[9], instance_name="prefill-0")
 
 
 # -- roce_plain --------------------------------------------------------------------------------
@@ -152,7 +156,7 @@ def test_roce_bond():
 # -- one_port_down -----------------------------------------------------------------------------
 def test_one_port_down_explicit_refused_with_clear_message():
     with pytest.raises(FilterError) as err:
-        select(facts("one_port_down"), gpus=[1], nics=["mlx5_1"], instance="decode-1")
+        select(facts("one_port_down"), gpus=[1], nics=["mlx5_1"], instance_name="decode-1")
     msg = str(err.value)
     assert "[instance decode-1]" in msg
     assert "explicit NIC 'mlx5_1' cannot be used: port 1 is DOWN (phys_state Disabled), not ACTIVE" in msg
@@ -204,3 +208,51 @@ def test_describe_lists_everything():
     text = flt.rdma_describe(facts("roce_plain"))
     assert "mlx5_1 (pci 0000:9b:00.0, numa 1)" in text
     assert "GID 3: RoCE v2 0000:0000:0000:0000:0000:ffff:0a00:0105 ipv4 10.0.1.5 on ens2f0np0" in text
+
+
+# -- through the role (render mode, controller reads the fake sysfs trees) ------------------------
+def _ansible_playbook():
+    candidate = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    return candidate if os.path.exists(candidate) else shutil.which("ansible-playbook")
+
+
+@pytest.mark.skipif(_ansible_playbook() is None, reason="ansible-playbook not installed")
+def test_role_select_sets_instance_selection(tmp_path):
+    inventory = {"all": {"vars": {"mooncake_protocol": "rdma",
+                                  "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+                         "hosts": {
+                             "dgx": {"rdma_sysfs_root": os.path.join(FIXTURES, "dgx_8gpu_8ib"),
+                                     "vllm_instances": [{"name": "p0", "gpus": [3], "nics": "auto"},
+                                                        {"name": "p1", "gpus": [4, 5], "nics": ["mlx5_4"]}]},
+                             "roce": {"rdma_sysfs_root": os.path.join(FIXTURES, "roce_plain"),
+                                      "vllm_instances": [{"name": "d0", "gpus": [0, 1], "nics": "auto"}]},
+                             "vm": {"rdma_sysfs_root": os.path.join(FIXTURES, "rxe_vm"),
+                                    "vllm_instances": [{"name": "p0", "gpus": [0], "nics": "auto"}]},
+                             "tcp": {"mooncake_protocol": "tcp",
+                                     "vllm_instances": [{"name": "p0", "gpus": [0], "nics": "auto"}]}}}}
+    (tmp_path / "inv.json").write_text(json.dumps(inventory))
+    (tmp_path / "play.yml").write_text(
+        "- hosts: all\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: rdma, tasks_from: select}\n"
+        "    - ansible.builtin.copy:\n"
+        "        content: '{{ rdma_instance_selection | to_json }}'\n"
+        "        dest: '" + str(tmp_path) + "/{{ inventory_hostname }}.json'\n"
+        "        mode: '0644'\n")
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"),
+               ANSIBLE_LIBRARY=os.path.join(REPO, "plugins", "modules"),
+               ANSIBLE_FILTER_PLUGINS=os.path.join(REPO, "plugins", "filter"),
+               ANSIBLE_CACHE_PLUGIN="memory", ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([_ansible_playbook(), "-i", str(tmp_path / "inv.json"), str(tmp_path / "play.yml"),
+                           "-e", "render_dir=%s" % (tmp_path / "render")],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    def read(host):
+        return json.loads((tmp_path / ("%s.json" % host)).read_text())
+
+    dgx = read("dgx")
+    assert dgx["p0"]["nics"] == ["mlx5_3"] and dgx["p0"]["gid_index"] is None
+    assert dgx["p1"]["nics"] == ["mlx5_4"]
+    assert read("roce")["d0"]["nics"] == ["mlx5_0", "mlx5_1"] and read("roce")["d0"]["gid_index"] == 3
+    assert read("vm")["p0"]["nics"] == ["rxe0"] and read("vm")["p0"]["gid_index"] == 1
+    assert read("tcp") == {}

@@ -1,0 +1,205 @@
+"""Filters for the preflight role: the parts of inventory validation that Jinja does badly.
+
+Pure functions (no Ansible state), unit-tested in tests/unit/test_preflight_filter.py.
+
+- preflight_effective:        a host's effective settings = every role's literal defaults, overridden by the inventory
+- preflight_port_conflicts:   per-host table of fixed ports -> messages for collisions and ports inside the engine range
+- preflight_endpoint_conflicts: fleet-wide (ip, port) duplicates of vLLM instances
+- preflight_router_override_errors: vllm_router_prefill_urls / _decode_urls entries that match no known instance
+- preflight_duplicates:       values that occur more than once in a list
+- preflight_is_ip:            IPv4/IPv6 literal
+- preflight_is_port:          an int (or a string of digits) in 1..65535
+- preflight_is_intlike:       an int (or a string of digits), never a bool
+- preflight_is_boollike:      a real bool, or a string/int that Ansible's bool filter maps unambiguously
+- preflight_bad_tokens:       items of an argument list that are not one systemd token (non-strings, whitespace, empty)
+"""
+import ipaddress
+import re
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # unit tests run without ansible
+    class AnsibleFilterError(Exception):
+        pass
+
+_TEMPLATE_MARKERS = ('{{', '{%')
+_BOOL_STRINGS = {'true', 'false', 'yes', 'no', 'on', 'off', '1', '0'}
+_DIGITS = re.compile(r'^[0-9]+$')
+
+
+def _is_template(value):
+    return isinstance(value, str) and any(m in value for m in _TEMPLATE_MARKERS)
+
+
+def effective(host_vars, defaults):
+    """Effective value of every variable the roles default, for one host.
+
+    host_vars: the host's hostvars (inventory, group_vars, host_vars, extra vars; no role defaults).
+    defaults:  the roles' defaults/main.yml merged, read as plain YAML.
+
+    A value the inventory sets wins. A default that is itself a template (e.g.
+    "{{ ansible_host | default(inventory_hostname) }}") is left out: it depends on the
+    run and the checks fall back on their own defaults for it. An inventory value that
+    cannot be templated here (it refers to a role default, say) is left out too.
+    """
+    out = {}
+    for key, val in dict(defaults or {}).items():
+        if not _is_template(val):
+            out[key] = val
+    for key in list(dict(defaults or {}).keys()):
+        try:
+            present = key in host_vars
+        except Exception:  # pragma: no cover - defensive, HostVarsVars is a Mapping
+            present = False
+        if not present:
+            continue
+        try:
+            out[key] = host_vars[key]
+        except Exception:  # undefined reference inside an inventory template
+            out.pop(key, None)
+    return out
+
+
+def is_intlike(value):
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, str) and bool(_DIGITS.match(value))
+
+
+def is_port(value):
+    return is_intlike(value) and 1 <= int(value) <= 65535
+
+
+def is_boollike(value):
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        return value in (0, 1)
+    return isinstance(value, str) and value.strip().lower() in _BOOL_STRINGS
+
+
+def is_ip(value):
+    if not isinstance(value, str):
+        return False
+    try:
+        ipaddress.ip_address(value.strip('[]'))
+        return True
+    except ValueError:
+        return False
+
+
+def bad_tokens(values):
+    """Items of an argument list that systemd would not pass as exactly one argument."""
+    if not isinstance(values, (list, tuple)):
+        return [values]
+    return [v for v in values
+            if isinstance(v, bool) or not isinstance(v, (str, int, float)) or str(v) == ''
+            or any(c.isspace() for c in str(v))]
+
+
+def duplicates(values):
+    seen, dups = set(), []
+    for v in values or []:
+        key = str(v)
+        if key in seen and key not in [str(d) for d in dups]:
+            dups.append(v)
+        seen.add(key)
+    return dups
+
+
+def port_conflicts(entries, range_min=None, range_max=None, range_label='mooncake_rpc_port_min..mooncake_rpc_port_max'):
+    """Collisions in one host's table of fixed ports.
+
+    entries: list of [port, label] (label names the variable, e.g. "vllm_instances[prefill0].port").
+    range_min/range_max: the transfer engine's RPC range on this host (None when no engine runs here);
+    no fixed port may lie inside it, the engine takes random ports from it.
+    Returns one message per problem; entries whose port is not an integer are ignored (checked elsewhere).
+    """
+    by_port = {}
+    for entry in entries or []:
+        port, label = entry[0], entry[1]
+        if not is_intlike(port):
+            continue
+        by_port.setdefault(int(port), []).append(str(label))
+    msgs = []
+    for port in sorted(by_port):
+        labels = by_port[port]
+        if len(labels) > 1:
+            msgs.append('port %d is used by %s' % (port, ' and '.join(labels)))
+    if is_intlike(range_min) and is_intlike(range_max):
+        lo, hi = int(range_min), int(range_max)
+        for port in sorted(by_port):
+            if lo <= port <= hi:
+                msgs.append('port %d (%s) is inside the transfer engine range %s (%d-%d), where the engine binds random ports'
+                            % (port, ' and '.join(by_port[port]), range_label, lo, hi))
+    return msgs
+
+
+def endpoint_conflicts(endpoints):
+    """Fleet-wide duplicates of (ip, port).
+
+    endpoints: list of dicts {host, label, ip, port}. Returns one message per duplicated address.
+    """
+    seen = {}
+    for ep in endpoints or []:
+        if not is_intlike(ep.get('port')):
+            continue
+        key = (str(ep.get('ip')), int(ep.get('port')))
+        seen.setdefault(key, []).append('%s on %s' % (ep.get('label'), ep.get('host')))
+    return ['%s:%d is claimed by %s' % (ip, port, ' and '.join(who))
+            for (ip, port), who in sorted(seen.items()) if len(who) > 1]
+
+
+def router_override_errors(prefill_urls, decode_urls, prefills, decodes):
+    """Entries of the router's override lists that match no vLLM instance of the inventory.
+
+    prefill_urls: vllm_router_prefill_urls ([{url, bootstrap_port}]); decode_urls: vllm_router_decode_urls ([url]).
+    prefills: [{url, bootstrap_port, where}] of every prefill instance; decodes: [{url, where}].
+    """
+    errs = []
+    known_p = {str(p['url']).rstrip('/'): p for p in prefills or []}
+    known_d = {str(d['url']).rstrip('/'): d for d in decodes or []}
+    if not isinstance(prefill_urls, list):
+        errs.append('vllm_router_prefill_urls must be a list of {url, bootstrap_port}, not %r' % (prefill_urls,))
+        prefill_urls = []
+    if not isinstance(decode_urls, list):
+        errs.append('vllm_router_decode_urls must be a list of URLs, not %r' % (decode_urls,))
+        decode_urls = []
+    for i, entry in enumerate(prefill_urls):
+        if not isinstance(entry, dict) or 'url' not in entry:
+            errs.append('vllm_router_prefill_urls[%d]=%r is not a dict with url and bootstrap_port' % (i, entry))
+            continue
+        url = str(entry['url']).rstrip('/')
+        if url not in known_p:
+            errs.append('vllm_router_prefill_urls[%d].url=%s is not a prefill instance of the inventory (known: %s)'
+                        % (i, url, ', '.join(sorted(known_p)) or 'none'))
+            continue
+        bp = entry.get('bootstrap_port')
+        if not is_port(bp):
+            errs.append('vllm_router_prefill_urls[%d].bootstrap_port=%r is not a port (1-65535)' % (i, bp))
+        elif int(bp) != int(known_p[url]['bootstrap_port']):
+            errs.append('vllm_router_prefill_urls[%d].bootstrap_port=%s but %s uses bootstrap port %s'
+                        % (i, bp, known_p[url]['where'], known_p[url]['bootstrap_port']))
+    for i, url in enumerate(decode_urls):
+        if str(url).rstrip('/') not in known_d:
+            errs.append('vllm_router_decode_urls[%d]=%s is not a decode instance of the inventory (known: %s)'
+                        % (i, url, ', '.join(sorted(known_d)) or 'none'))
+    return errs
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            'preflight_effective': effective,
+            'preflight_port_conflicts': port_conflicts,
+            'preflight_endpoint_conflicts': endpoint_conflicts,
+            'preflight_router_override_errors': router_override_errors,
+            'preflight_duplicates': duplicates,
+            'preflight_is_ip': is_ip,
+            'preflight_is_port': is_port,
+            'preflight_is_intlike': is_intlike,
+            'preflight_is_boollike': is_boollike,
+            'preflight_bad_tokens': bad_tokens,
+        }

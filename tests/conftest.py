@@ -1,0 +1,88 @@
+"""Shared helpers: run render mode once per inventory/variant, parse env files like systemd does."""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ansible_bin(name):
+    """Prefer the ansible next to the running python (the project venv), else PATH."""
+    cand = Path(sys.executable).with_name(name)
+    return str(cand) if cand.exists() else name
+
+
+def render(inventory, out_dir, extra_vars=None):
+    cmd = [ansible_bin('ansible-playbook'), 'playbooks/render.yml', '-i', str(inventory),
+           '-e', 'render_dir=%s' % out_dir]
+    if extra_vars:
+        cmd += ['-e', json.dumps(extra_vars)]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1')
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def parse_env_file(path):
+    """Key/values of an EnvironmentFile (the subset of systemd's syntax the bundle emits)."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith('#'):
+            continue
+        key, _, val = line.partition('=')
+        if len(val) >= 2 and val[0] == val[-1] and val[0] in '"\'':
+            val = val[1:-1]
+        out[key] = val
+    return out
+
+
+def unit_exec_start(unit_path):
+    for line in Path(unit_path).read_text().splitlines():
+        if line.startswith('ExecStart='):
+            return line[len('ExecStart='):]
+    raise AssertionError('no ExecStart in %s' % unit_path)
+
+
+def expand_exec(exec_start, env):
+    """Expand ExecStart like systemd: ${VAR} is one argument, $VAR splits on whitespace."""
+    argv = []
+    for tok in exec_start.split():
+        m = re.fullmatch(r'\$\{(\w+)\}', tok)
+        if m:
+            argv.append(env.get(m.group(1), ''))
+            continue
+        m = re.fullmatch(r'\$(\w+)', tok)
+        if m:
+            argv.extend(env.get(m.group(1), '').split())
+            continue
+        argv.append(tok)
+    return argv
+
+
+def command_line(argv):
+    return ' '.join(shlex.quote(a) for a in argv)
+
+
+@pytest.fixture(scope='session')
+def prod_render(tmp_path_factory):
+    out = tmp_path_factory.mktemp('render-prod')
+    res = render(REPO / 'inventory' / 'prod', out)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope='session')
+def store_render(tmp_path_factory):
+    """inventory/prod in store mode, with the seed's older mooncake.json size names as input."""
+    out = tmp_path_factory.mktemp('render-store')
+    res = render(REPO / 'inventory' / 'prod', out, {
+        'vllm_kv_connector': 'MooncakeStoreConnector',
+        'vllm_mooncake_store_config': {'cpu_memory_pool_size': '8gb', 'gpu_memory_pool_size': '512MiB'},
+    })
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    return out

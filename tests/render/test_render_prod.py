@@ -1,0 +1,170 @@
+"""Render mode on inventory/prod: the full file set, and the command lines it implies."""
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, ansible_bin, command_line, expand_exec, parse_env_file, unit_exec_start
+
+# Exposure thresholds for `systemd-analyze security --offline=true` (0 = locked down, 10 = unsafe).
+# vLLM gets more room: CUDA/torch JIT needs writable-executable memory, and it needs GPU/RDMA devices.
+EXPOSURE_MAX = {'default': 4.5, 'vllm@.service': 6.0}
+
+
+@pytest.fixture(scope='module')
+def inventory():
+    res = subprocess.run([ansible_bin('ansible-inventory'), '-i', str(REPO / 'inventory' / 'prod'), '--list'],
+                         cwd=REPO, capture_output=True, text=True, check=True)
+    data = json.loads(res.stdout)
+    groups = {g: v.get('hosts', []) for g, v in data.items() if isinstance(v, dict)}
+    return groups, data['_meta']['hostvars']
+
+
+def instances(inventory, group):
+    groups, hv = inventory
+    return [(h, i) for h in groups[group] for i in hv[h]['vllm_instances']]
+
+
+def test_every_host_gets_its_files(prod_render, inventory):
+    groups, _ = inventory
+    expect = {}
+    for h in groups['etcd']:
+        expect.setdefault(h, []).extend(['etc/etcd/etcd.env', 'etc/systemd/system/etcd.service'])
+    for h in groups['mooncake_master']:
+        expect.setdefault(h, []).extend(['etc/mooncake/master.env', 'etc/systemd/system/mooncake-master.service',
+                                         'opt/mooncake/bin/mooncake-check'])
+    for group in ('vllm_prefill', 'vllm_decode'):
+        for h, inst in instances(inventory, group):
+            expect.setdefault(h, []).extend(['etc/vllm/%s.env' % inst['name'], 'etc/systemd/system/vllm@.service',
+                                             'opt/mooncake/bin/mooncake-check'])
+    for h in groups['vllm_router']:
+        expect.setdefault(h, []).extend(['etc/vllm-router/router.env', 'etc/systemd/system/vllm-router.service'])
+    for host, files in expect.items():
+        for f in files:
+            assert (prod_render / host / f).is_file(), '%s missing for %s' % (f, host)
+
+
+@pytest.mark.parametrize('group,role', [('vllm_prefill', 'kv_producer'), ('vllm_decode', 'kv_consumer')])
+def test_kv_transfer_config(prod_render, inventory, group, role):
+    engine_ids = set()
+    for host, inst in instances(inventory, group):
+        env = parse_env_file(prod_render / host / 'etc/vllm' / ('%s.env' % inst['name']))
+        argv = expand_exec(unit_exec_start(prod_render / host / 'etc/systemd/system/vllm@.service'), env)
+        cfg = json.loads(argv[argv.index('--kv-transfer-config') + 1])
+        assert cfg['kv_connector'] == 'MooncakeConnector'
+        assert cfg['kv_role'] == role
+        assert cfg['kv_connector_extra_config']['mooncake_protocol'] == 'rdma'
+        assert cfg['kv_connector_extra_config']['device_name'] == ','.join(inst['nics'])
+        engine_ids.add(cfg['engine_id'])
+        assert env['VLLM_HOST_IP'] == inventory[1][host]['ansible_host']
+        assert env['CUDA_VISIBLE_DEVICES'] == ','.join(str(g) for g in inst['gpus'])
+        assert argv[argv.index('--tensor-parallel-size') + 1] == str(inst['tensor_parallel_size'])
+        assert argv[argv.index('--port') + 1] == str(inst['port'])
+        assert env['WITH_NVIDIA_PEERMEM'] == '1'
+        assert 'MC_FORCE_TCP' not in env
+        if role == 'kv_producer':
+            assert env['VLLM_MOONCAKE_BOOTSTRAP_PORT'] == str(inst['bootstrap_port'])
+        print('%s %s: %s' % (host, inst['name'], command_line(argv)))
+    assert len(engine_ids) == len(instances(inventory, group)), 'engine_id must be unique'
+
+
+def test_router_lists_every_prefill_and_decode(prod_render, inventory):
+    groups, hv = inventory
+    router = groups['vllm_router'][0]
+    env = parse_env_file(prod_render / router / 'etc/vllm-router/router.env')
+    argv = expand_exec(unit_exec_start(prod_render / router / 'etc/systemd/system/vllm-router.service'), env)
+    print(command_line(argv))
+    assert '--vllm-pd-disaggregation' in argv
+    assert argv[argv.index('--kv-connector') + 1] == 'mooncake'
+    prefills = [(argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == '--prefill']
+    decodes = [argv[i + 1] for i, a in enumerate(argv) if a == '--decode']
+    assert sorted(prefills) == sorted(('http://%s:%s' % (hv[h]['ansible_host'], i['port']), str(i['bootstrap_port']))
+                                      for h, i in instances(inventory, 'vllm_prefill'))
+    assert sorted(decodes) == sorted('http://%s:%s' % (hv[h]['ansible_host'], i['port'])
+                                     for h, i in instances(inventory, 'vllm_decode'))
+    assert argv[argv.index('--host') + 1] == '0.0.0.0'
+    assert argv[argv.index('--prometheus-port') + 1] == '29000'
+
+
+def test_master_ha_and_etcd_cluster(prod_render, inventory):
+    groups, hv = inventory
+    etcd_ips = [hv[h]['ansible_host'] for h in groups['etcd']]
+    for h in groups['mooncake_master']:
+        args = parse_env_file(prod_render / h / 'etc/mooncake/master.env')['MOONCAKE_MASTER_ARGS'].split()
+        assert '--enable_ha=true' in args
+        assert '--etcd_endpoints=' + ';'.join('%s:2379' % ip for ip in etcd_ips) in args
+        assert '--rpc_address=%s' % hv[h]['ansible_host'] in args
+    for h in groups['etcd']:
+        env = parse_env_file(prod_render / h / 'etc/etcd/etcd.env')
+        assert env['ETCD_INITIAL_CLUSTER'] == ','.join(
+            '%s=http://%s:2380' % (m, hv[m]['ansible_host']) for m in groups['etcd'])
+
+
+def test_store_mode_mooncake_json(store_render, inventory):
+    groups, hv = inventory
+    first_master_ip = hv[groups['mooncake_master'][0]]['ansible_host']
+    etcd = ';'.join('%s:2379' % hv[h]['ansible_host'] for h in groups['etcd'])
+    for group, role in (('vllm_prefill', 'kv_producer'), ('vllm_decode', 'kv_consumer')):
+        for host, inst in instances(inventory, group):
+            path = store_render / host / 'etc/vllm' / ('%s.mooncake.json' % inst['name'])
+            cfg = json.loads(path.read_text())
+            assert cfg['local_hostname'] == hv[host]['ansible_host']
+            assert cfg['metadata_server'] == 'http://%s:8080/metadata' % first_master_ip
+            assert cfg['master_server_address'] == 'etcd://' + etcd  # 2 masters: HA, leader found via etcd
+            assert cfg['protocol'] == 'rdma'
+            assert cfg['device_name'] == ','.join(inst['nics'])
+            assert cfg['global_segment_size'] == 8 * 1024 ** 3    # from the seed's cpu_memory_pool_size
+            assert cfg['local_buffer_size'] == 512 * 1024 ** 2    # from the seed's gpu_memory_pool_size
+            assert not {'cpu_memory_pool_size', 'gpu_memory_pool_size'} & set(cfg), 'older names are never emitted'
+            env = parse_env_file(store_render / host / 'etc/vllm' / ('%s.env' % inst['name']))
+            assert env['MOONCAKE_CONFIG_PATH'] == '/etc/vllm/%s.mooncake.json' % inst['name']
+            kv = json.loads(env['VLLM_KV_TRANSFER_CONFIG'])
+            assert (kv['kv_connector'], kv['kv_role']) == ('MooncakeStoreConnector', role)
+    router = groups['vllm_router'][0]
+    args = parse_env_file(store_render / router / 'etc/vllm-router/router.env')['VLLM_ROUTER_ARGS'].split()
+    # Store mode is routed sequentially (prefill then decode): the router's nixl PD mode, no bootstrap ports.
+    assert args[args.index('--kv-connector') + 1] == 'nixl'
+    assert all(not args[i + 2].isdigit() for i, a in enumerate(args) if a == '--prefill')
+
+
+def _units(render_dir):
+    return sorted(render_dir.glob('*/etc/systemd/system/*.service'))
+
+
+def _verify_root(tmp_path, unit):
+    """A throwaway root: the rendered files, the OS's own units, and stub executables named as such."""
+    root = tmp_path / 'root'
+    host_dir = unit.parents[3]
+    shutil.copytree(host_dir, root, symlinks=True, dirs_exist_ok=True)
+    shutil.copytree('/usr/lib/systemd/system', root / 'usr/lib/systemd/system', symlinks=True, dirs_exist_ok=True)
+    exe = unit_exec_start(unit).split()[0]
+    stub = root / exe.lstrip('/')
+    stub.parent.mkdir(parents=True, exist_ok=True)
+    if not stub.exists():
+        stub.write_text('#!/bin/sh\n# stub executable for systemd-analyze verify (test double)\n')
+        stub.chmod(0o755)
+    return root
+
+
+@pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze not installed')
+def test_units_verify_and_exposure(prod_render, tmp_path):
+    report = []
+    for unit in _units(prod_render):
+        name = unit.name
+        root = _verify_root(tmp_path / unit.parents[3].name / name, unit)
+        target = name.replace('@.service', '@verify.service')
+        if target != name:
+            shutil.copy(root / 'etc/systemd/system' / name, root / 'etc/systemd/system' / target)
+        res = subprocess.run(['systemd-analyze', 'verify', '--root=%s' % root, '/etc/systemd/system/%s' % target],
+                             capture_output=True, text=True)
+        noise = [l for l in res.stderr.splitlines() if l.strip()]
+        assert res.returncode == 0 and not noise, '%s: %s' % (unit, res.stderr)
+        res = subprocess.run(['systemd-analyze', 'security', '--offline=true', str(unit)], capture_output=True, text=True)
+        line = [l for l in res.stdout.splitlines() if 'Overall exposure level' in l][0]
+        score = float(line.split(':')[1].split()[0])
+        report.append((unit.parents[3].name, name, score))
+        assert score <= EXPOSURE_MAX.get(name, EXPOSURE_MAX['default']), line
+    print('\n'.join('%-10s %-26s %.1f' % r for r in report))
