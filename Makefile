@@ -11,6 +11,7 @@ export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 .PHONY: venv lint unit render-test preflight-test static test lab lab-verify lab-destroy molecule-test clean
 
 $(VENV)/.done: requirements.txt
+	scripts/install-deps.sh
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
@@ -23,7 +24,7 @@ lint: venv
 	ansible-lint --profile production
 
 unit: venv
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q tests/unit tests/integration
 
 render-test: venv
 	$(PY) -m pytest -q tests/render
@@ -34,7 +35,26 @@ preflight-test: venv
 # Tier 1: no hosts needed, a few minutes.
 static: lint unit render-test preflight-test
 
-test: static
+LAB := scripts/lab/molecule.sh
+LAB_ENV := PD_LAB_VENV=$(abspath $(VENV))
+
+# The main job: build what is missing, create the lab, converge site.yml, print the router URL.
+lab: venv
+	$(LAB_ENV) $(LAB) create
+	$(LAB_ENV) PD_LAB_SKIP_PREPARE=1 $(LAB) converge
+	@scripts/lab/lab-info.sh
+
+lab-verify: venv
+	$(LAB_ENV) PD_LAB_SKIP_PREPARE=1 $(LAB) verify
+
+lab-destroy: venv
+	$(LAB_ENV) PD_LAB_SKIP_PREPARE=1 $(LAB) destroy
+
+# The full lab sequence: create, converge, idempotence, verify, destroy.
+molecule-test: venv
+	$(LAB_ENV) $(LAB) test
+
+test: static molecule-test
 
 clean:
 	rm -rf .cache render

@@ -12,8 +12,11 @@ Pure functions (no Ansible state), unit-tested in tests/unit/test_preflight_filt
 - preflight_is_intlike:       an int (or a string of digits), never a bool
 - preflight_is_boollike:      a real bool, or a string/int that Ansible's bool filter maps unambiguously
 - preflight_bad_tokens:       items of an argument list that are not one systemd token (non-strings, whitespace, empty)
+- preflight_role_files:       the roles' defaults files and argument spec files under a roles directory (controller side)
 """
+import glob
 import ipaddress
+import os
 import re
 
 try:
@@ -189,6 +192,31 @@ def router_override_errors(prefill_urls, decode_urls, prefills, decodes):
     return errs
 
 
+def role_files(roles_dir):
+    """Files preflight reads from every role under roles_dir (sorted, so the result is stable).
+
+    Returns {'defaults': [paths of defaults/main.yml|yaml and defaults/main/*.yml|yaml],
+             'specs': [{'role': name, 'path': meta/argument_specs.yml|yaml}]}.
+    """
+    defaults, specs = [], []
+    for role in sorted(os.listdir(roles_dir)) if os.path.isdir(roles_dir) else []:
+        base = os.path.join(roles_dir, role)
+        if not os.path.isdir(base):
+            continue
+        for name in ('main.yml', 'main.yaml'):
+            path = os.path.join(base, 'defaults', name)
+            if os.path.isfile(path):
+                defaults.append(path)
+        defaults.extend(sorted(glob.glob(os.path.join(base, 'defaults', 'main', '*.yml'))
+                               + glob.glob(os.path.join(base, 'defaults', 'main', '*.yaml'))))
+        for name in ('argument_specs.yml', 'argument_specs.yaml'):
+            path = os.path.join(base, 'meta', name)
+            if os.path.isfile(path):
+                specs.append({'role': role, 'path': path})
+                break
+    return {'defaults': defaults, 'specs': specs}
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -202,4 +230,5 @@ class FilterModule(object):
             'preflight_is_intlike': is_intlike,
             'preflight_is_boollike': is_boollike,
             'preflight_bad_tokens': bad_tokens,
+            'preflight_role_files': role_files,
         }

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# System packages the controller needs for the test suite (Debian 12, root). Idempotent.
+#  - libibverbs1/libnuma1/libcurl4: the Mooncake wheel used by the transfer-check tests
+#  - iproute2: network namespaces for the transfer-check integration test
+#  - systemd: systemd-analyze verify/security for the rendered units
+set -euo pipefail
+pkgs=(python3-venv libibverbs1 libnuma1 libcurl4 iproute2 systemd)
+missing=()
+for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
+if ((${#missing[@]})); then
+  echo "[install-deps] installing: ${missing[*]}" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+fi

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Prints how to reach the lab's router from this machine, and a request that works.
+set -euo pipefail
+ip=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' router1)
+cat <<MSG
+
+The lab is up. Router (vllm-router, PD disaggregation over Mooncake):  http://$ip:8000
+
+  curl -s http://$ip:8000/v1/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "tiny-llama", "prompt": "The prefill host computes the KV cache and", "max_tokens": 16}'
+
+Inside a host:  docker exec -it prefill1 systemctl status vllm@prefill0
+Tear down:      make lab-destroy
+MSG

@@ -1,0 +1,36 @@
+"""etcd has every member healthy; the Mooncake masters have exactly one leader."""
+import json
+
+import pytest
+
+from conftest import curl_json, groups, hvars, in_group, other_host, wait_until
+
+
+def test_etcd_members_healthy(host):
+    if not in_group(host, 'etcd'):
+        pytest.skip('not an etcd member')
+    v = hvars(host)
+    n = len(groups(host)['etcd'])
+    out = host.check_output('etcdctl --endpoints=http://%s:%s endpoint health --cluster -w json'
+                            % (v['common_host_ip'], v['etcd_client_port']))
+    health = json.loads(out)
+    assert len(health) == n and all(h['health'] for h in health), out
+    members = json.loads(host.check_output('etcdctl --endpoints=http://127.0.0.1:%s member list -w json'
+                                           % v['etcd_client_port']))['members']
+    assert len(members) == n
+
+
+def test_master_one_leader(host, request):
+    masters = groups(host).get('mooncake_master', [])
+    if not masters or hvars(host)['inventory_hostname'] != masters[0]:
+        pytest.skip('checked once, from the first master')
+    roles = []
+    for m in masters:
+        mv = hvars(other_host(request, m))
+        url = 'http://%s:%s/health' % (mv['common_host_ip'], mv['mooncake_master_metrics_port'])
+        health = wait_until(lambda: curl_json(host, url), timeout=60)
+        roles.append(health.get('role'))
+    if len(masters) > 1:
+        assert sorted(roles) == ['leader'] + ['standby'] * (len(masters) - 1), roles
+    else:
+        assert roles[0] in ('leader', None), roles

@@ -1,0 +1,76 @@
+"""End to end through vllm-router: a long prompt is prefilled on a prefill instance and its KV
+arrives at decode by external transfer, which decode's /metrics must show."""
+import json
+
+import pytest
+
+from conftest import curl_json, groups, hvars, in_group, metric_value, other_host
+
+# Over 256 tokens with any tokenizer: KV moves in whole blocks (128 tokens on CPU).
+PROMPT = ' '.join('The prefill host computes the key value cache for token %d and the decode host receives it.' % i
+                  for i in range(40))
+METRIC = 'vllm:prompt_tokens_by_source_total'
+
+
+def decode_counters(request, host):
+    """Summed external_kv_transfer and local_compute prompt tokens over every decode instance."""
+    ext = local = 0.0
+    for name in groups(host)['vllm_decode']:
+        d = other_host(request, name)
+        dv = hvars(d)
+        for inst in dv['vllm_instances']:
+            text = d.check_output('curl -sS -m 30 http://%s:%s/metrics' % (dv['common_host_ip'], inst['port']))
+            ext += metric_value(text, METRIC, {'source': 'external_kv_transfer'})
+            local += metric_value(text, METRIC, {'source': 'local_compute'})
+    return ext, local
+
+
+@pytest.fixture
+def router(host):
+    if not in_group(host, 'vllm_router'):
+        pytest.skip('runs on the router host')
+    v = hvars(host)
+    return host, 'http://127.0.0.1:%s' % v['vllm_router_port'], v
+
+
+def model_name(host, base):
+    return curl_json(host, base + '/v1/models')['data'][0]['id']
+
+
+def test_completion_kv_arrives_by_transfer(router, request):
+    host, base, v = router
+    model = model_name(host, base)
+    ext0, local0 = decode_counters(request, host)
+    res = curl_json(host, base + '/v1/completions',
+                    {'model': model, 'prompt': PROMPT, 'max_tokens': 8, 'temperature': 0})
+    assert res['usage']['prompt_tokens'] > 256, res['usage']
+    assert res['choices'][0]['text'] != '' or res['usage']['completion_tokens'] > 0
+    ext1, local1 = decode_counters(request, host)
+    moved, computed = ext1 - ext0, local1 - local0
+    print('prompt %d tokens: %d arrived by KV transfer, %d computed on decode'
+          % (res['usage']['prompt_tokens'], moved, computed))
+    if v['vllm_kv_connector'] == 'MooncakeConnector':
+        # P2P: decode computes nothing of the prompt itself.
+        assert moved >= 256, (moved, computed)
+        assert computed == 0, (moved, computed)
+    else:
+        # Store mode: only whole blocks are stored; the tail is computed on decode.
+        assert moved >= 128, (moved, computed)
+        assert computed < res['usage']['prompt_tokens'], (moved, computed)
+
+
+def test_streaming_chat_completion(router, request):
+    host, base, v = router
+    model = model_name(host, base)
+    ext0, _ = decode_counters(request, host)
+    body = json.dumps({'model': model, 'stream': True, 'max_tokens': 8, 'temperature': 0,
+                       'messages': [{'role': 'user', 'content': PROMPT}]}).replace("'", "'\\''")
+    out = host.check_output("curl -sS -N --fail-with-body -m 120 -H 'Content-Type: application/json' "
+                            "%s/v1/chat/completions -d '%s'" % (base, body))
+    events = [l[len('data: '):] for l in out.splitlines() if l.startswith('data: ')]
+    assert events and events[-1] == '[DONE]', out[-500:]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) >= 2, out[-500:]
+    assert any(c['choices'] and c['choices'][0].get('delta') for c in chunks)
+    ext1, _ = decode_counters(request, host)
+    assert ext1 - ext0 >= 128, 'streamed request moved no KV by transfer'

@@ -1,0 +1,118 @@
+"""Preflight refuses bad inventories before anything is rendered, and passes inventory/prod.
+
+Each case in cases.yml is inventory/prod with ONE mutation. render.yml must exit non-zero, name the variable
+(and the host) in a preflight task's failure, and leave render_dir empty.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PROD = REPO / 'inventory' / 'prod'
+CASES = yaml.safe_load((Path(__file__).with_name('cases.yml')).read_text())
+DELETE = '__delete__'
+
+
+def _ansible_playbook():
+    cand = Path(sys.executable).with_name('ansible-playbook')
+    return str(cand) if cand.exists() else 'ansible-playbook'
+
+
+def _set_path(doc, dotted, value):
+    """Set (or delete, value __delete__) DOTTED.PATH in doc; integer parts index lists."""
+    parts = dotted.split('.')
+    node = doc
+    for i, part in enumerate(parts[:-1]):
+        key = int(part) if isinstance(node, list) else part
+        nxt = node[key] if isinstance(node, list) else node.get(key)
+        if nxt is None:
+            nxt = {}
+            node[key] = nxt
+        node = nxt
+    last = int(parts[-1]) if isinstance(node, list) else parts[-1]
+    if value == DELETE:
+        del node[last]
+    else:
+        node[last] = value
+
+
+def apply_patch(inv, patch):
+    for rel, changes in patch.items():
+        path = inv / rel
+        doc = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+        for dotted, value in changes.items():
+            _set_path(doc, dotted, value)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+
+
+def run_render(inv, render_dir):
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
+               ANSIBLE_STDOUT_CALLBACK='ansible.builtin.json',
+               ANSIBLE_DEPRECATION_WARNINGS='0')
+    cmd = [_ansible_playbook(), 'playbooks/render.yml', '-i', str(inv), '-e', 'render_dir=%s' % render_dir]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def failures(stdout):
+    """(task name, host, message) of every failed result in the json callback's output."""
+    # profile_tasks (ansible.cfg) prints timing lines before the json callback's single document.
+    start = stdout.find('\n{\n') + 1 if not stdout.startswith('{') else 0
+    doc, _ = json.JSONDecoder().raw_decode(stdout[start:])
+    out = []
+    for play in doc.get('plays', []):
+        for task in play.get('tasks', []):
+            name = task.get('task', {}).get('name', '')
+            for host, res in task.get('hosts', {}).items():
+                if not res.get('failed'):
+                    continue
+                msgs = [r.get('msg', '') for r in res.get('results', []) if r.get('failed')] or [res.get('msg', '')]
+                out.extend((name, host, str(m)) for m in msgs)
+    return out
+
+
+def norm(text):
+    return re.sub(r'\s+', ' ', text).strip()
+
+
+def rendered_files(render_dir):
+    return [p for p in Path(render_dir).rglob('*') if p.is_file()] if Path(render_dir).exists() else []
+
+
+@pytest.mark.parametrize('case', CASES, ids=[c['id'] for c in CASES])
+def test_preflight_refuses(case, tmp_path):
+    inv = tmp_path / 'inventory'
+    shutil.copytree(PROD, inv)
+    apply_patch(inv, case['patch'])
+    render_dir = tmp_path / 'render'
+    res = run_render(inv, render_dir)
+    assert res.returncode != 0, 'preflight accepted the mutation %s' % case['patch']
+    fails = failures(res.stdout)
+    report = '\n'.join('[%s] %s: %s' % f for f in fails) or (res.stdout[-3000:] + res.stderr[-3000:])
+    assert fails, report
+    assert all('Preflight |' in name for name, _, _ in fails), 'refused outside preflight:\n' + report
+    text = norm(' '.join(m for _, _, m in fails))
+    for expected in case['expect']:
+        assert norm(expected) in text, 'missing %r in:\n%s' % (expected, report)
+    assert not rendered_files(render_dir), 'files were rendered before the refusal'
+
+
+def test_cases_are_distinct():
+    ids = [c['id'] for c in CASES]
+    assert len(ids) == len(set(ids)) and len(ids) >= 30
+    patches = [json.dumps(c['patch'], sort_keys=True) for c in CASES]
+    assert len(patches) == len(set(patches))
+
+
+def test_prod_inventory_passes_and_renders(prod_render):
+    """inventory/prod passes preflight and every host gets its files (conftest's shared render)."""
+    hosts = {p.name for p in Path(prod_render).iterdir() if p.is_dir()}
+    assert {'ctl-1', 'gpu-p1', 'gpu-d1', 'router-1'} <= hosts
+    assert (Path(prod_render) / 'gpu-p1' / 'etc' / 'vllm' / 'prefill0.env').is_file()

@@ -1,0 +1,115 @@
+"""Unit tests for plugins/filter/preflight.py (pure functions; no ansible needed)."""
+import importlib.util
+import os
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+_spec = importlib.util.spec_from_file_location("preflight_filter", os.path.join(REPO, "plugins", "filter", "preflight.py"))
+pf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pf)
+
+
+def test_effective_overlays_inventory_and_drops_templated_defaults():
+    defaults = {"a": 1, "b": "{{ x }}", "c": [1], "d": "{% if x %}y{% endif %}"}
+    got = pf.effective({"a": 2, "b": "10.0.0.1", "zzz": 3}, defaults)
+    assert got == {"a": 2, "b": "10.0.0.1", "c": [1]}
+
+
+def test_effective_skips_values_that_cannot_be_templated():
+    class HV(dict):
+        def __getitem__(self, key):
+            if key == "bad":
+                raise RuntimeError("undefined")
+            return dict.__getitem__(self, key)
+    got = pf.effective(HV(bad="x", a=5), {"bad": 1, "a": 0})
+    assert got == {"a": 5}
+
+
+@pytest.mark.parametrize("value,ok", [(80, True), ("8080", True), (0, False), (65536, False), ("80a", False),
+                                      ([80], False), (True, False), (None, False), (65535, True)])
+def test_is_port(value, ok):
+    assert pf.is_port(value) is ok
+
+
+@pytest.mark.parametrize("value,ok", [(True, True), (False, True), ("yes", True), ("False", True), (1, True),
+                                      ("maybe", False), (2, False), (None, False), ([], False)])
+def test_is_boollike(value, ok):
+    assert pf.is_boollike(value) is ok
+
+
+@pytest.mark.parametrize("value,ok", [("10.0.0.1", True), ("fe80::1", True), ("[2001:db8::1]", True),
+                                      ("host.example", False), ("10.0.0.256", False), (10, False), ("", False)])
+def test_is_ip(value, ok):
+    assert pf.is_ip(value) is ok
+
+
+def test_bad_tokens():
+    assert pf.bad_tokens(["--a", "0.9", 3]) == []
+    assert pf.bad_tokens(["--a 0.9", "", True, {"x": 1}, "ok"]) == ["--a 0.9", "", True, {"x": 1}]
+    assert pf.bad_tokens("--enforce-eager") == ["--enforce-eager"]
+
+
+def test_duplicates():
+    assert pf.duplicates([1, 2, 3]) == []
+    assert pf.duplicates([1, 2, 1, 3, 1, 2]) == [1, 2]
+    assert pf.duplicates(["a", "b", "a"]) == ["a"]
+    assert pf.duplicates(None) == []
+
+
+def test_port_conflicts_collision_and_range():
+    table = [[8100, "vllm_instances[p0].port"], [8998, "vllm_instances[p0].bootstrap_port"],
+             ["8100", "vllm_instances[p1].bootstrap_port"], [16000, "vllm_router_port"], ["80a", "ignored"]]
+    msgs = pf.port_conflicts(table, 15000, 17000)
+    assert msgs[0] == "port 8100 is used by vllm_instances[p0].port and vllm_instances[p1].bootstrap_port"
+    assert len(msgs) == 2 and "port 16000 (vllm_router_port) is inside the transfer engine range" in msgs[1]
+    assert pf.port_conflicts(table[:2], None, None) == []
+    # the range bounds themselves are inside
+    assert pf.port_conflicts([[15000, "x"]], 15000, 17000) and pf.port_conflicts([[17000, "x"]], 15000, 17000)
+
+
+def test_endpoint_conflicts():
+    eps = [{"host": "a", "label": "p0.port", "ip": "10.0.0.1", "port": 8100},
+           {"host": "b", "label": "p0.port", "ip": "10.0.0.1", "port": "8100"},
+           {"host": "b", "label": "p1.port", "ip": "10.0.0.2", "port": 8100}]
+    assert pf.endpoint_conflicts(eps) == ["10.0.0.1:8100 is claimed by p0.port on a and p0.port on b"]
+    assert pf.endpoint_conflicts(eps[1:]) == []
+
+
+def test_router_override_errors():
+    prefills = [{"url": "http://10.0.0.1:8100", "bootstrap_port": 8998, "where": "vllm_instances[p0] on a"}]
+    decodes = [{"url": "http://10.0.0.3:8200", "where": "vllm_instances[d0] on c"}]
+    assert pf.router_override_errors([], [], prefills, decodes) == []
+    assert pf.router_override_errors([{"url": "http://10.0.0.1:8100/", "bootstrap_port": 8998}],
+                                     ["http://10.0.0.3:8200"], prefills, decodes) == []
+    errs = pf.router_override_errors([{"url": "http://10.0.0.9:8100", "bootstrap_port": 8998},
+                                      {"url": "http://10.0.0.1:8100", "bootstrap_port": 9000}, "http://x"],
+                                     ["http://10.0.0.4:8200"], prefills, decodes)
+    assert len(errs) == 4
+    assert "vllm_router_prefill_urls[0].url=http://10.0.0.9:8100 is not a prefill instance" in errs[0]
+    assert "bootstrap_port=9000 but vllm_instances[p0] on a uses bootstrap port 8998" in errs[1]
+    assert "vllm_router_prefill_urls[2]" in errs[2]
+    assert "vllm_router_decode_urls[0]=http://10.0.0.4:8200" in errs[3]
+    assert "must be a list" in pf.router_override_errors("http://x", [], prefills, decodes)[0]
+
+
+def test_role_files(tmp_path):
+    (tmp_path / "a" / "defaults").mkdir(parents=True)
+    (tmp_path / "a" / "defaults" / "main.yml").write_text("x: 1\n")
+    (tmp_path / "a" / "meta").mkdir()
+    (tmp_path / "a" / "meta" / "argument_specs.yml").write_text("argument_specs: {}\n")
+    (tmp_path / "b" / "defaults" / "main").mkdir(parents=True)
+    (tmp_path / "b" / "defaults" / "main" / "z.yml").write_text("y: 2\n")
+    (tmp_path / "b" / "defaults" / "main" / "a.yaml").write_text("y: 3\n")
+    (tmp_path / "c").mkdir()  # a role with nothing yet
+    (tmp_path / "README.md").write_text("not a role")
+    got = pf.role_files(str(tmp_path))
+    assert got["defaults"] == [str(tmp_path / "a/defaults/main.yml"), str(tmp_path / "b/defaults/main/a.yaml"),
+                               str(tmp_path / "b/defaults/main/z.yml")]
+    assert got["specs"] == [{"role": "a", "path": str(tmp_path / "a/meta/argument_specs.yml")}]
+    assert pf.role_files(str(tmp_path / "missing")) == {"defaults": [], "specs": []}
+
+
+def test_filter_names():
+    names = pf.FilterModule().filters()
+    assert all(n.startswith("preflight_") for n in names)
