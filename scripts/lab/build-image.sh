@@ -16,7 +16,7 @@ log() { echo "[build-image] $*" >&2; }
 # Everything the roles need, so that converge never has to reach a mirror.
 PACKAGES=(
   # init + ansible needs
-  systemd systemd-sysv dbus sudo acl python3 python3-apt python3-venv
+  systemd systemd-sysv dbus sudo acl python3 python3-apt python3-venv python3-packaging
   # diagnostics and tools used by roles/checks
   iproute2 procps curl ca-certificates jq iputils-ping netcat-openbsd less kmod nftables
   # runtime libraries: mooncake (libibverbs, libnuma, libcurl), vLLM CPU (gomp, tcmalloc)
