@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -86,13 +87,27 @@ def rendered_files(render_dir):
     return [p for p in Path(render_dir).rglob('*') if p.is_file()] if Path(render_dir).exists() else []
 
 
-@pytest.mark.parametrize('case', CASES, ids=[c['id'] for c in CASES])
-def test_preflight_refuses(case, tmp_path):
-    inv = tmp_path / 'inventory'
+def _run_case(case, base):
+    inv = base / 'inventory'
     shutil.copytree(PROD, inv)
     apply_patch(inv, case['patch'])
-    render_dir = tmp_path / 'render'
-    res = run_render(inv, render_dir)
+    render_dir = base / 'render'
+    return run_render(inv, render_dir), render_dir
+
+
+@pytest.fixture(scope='module')
+def refusals(tmp_path_factory):
+    """Every case's render run, PREFLIGHT_JOBS at a time (default: 2 per CPU; each run is mostly waiting on forks)."""
+    jobs = int(os.environ.get('PREFLIGHT_JOBS', 2 * (os.cpu_count() or 1)))
+    bases = {c['id']: tmp_path_factory.mktemp(c['id']) for c in CASES}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futs = {c['id']: pool.submit(_run_case, c, bases[c['id']]) for c in CASES}
+        return {cid: fut.result() for cid, fut in futs.items()}
+
+
+@pytest.mark.parametrize('case', CASES, ids=[c['id'] for c in CASES])
+def test_preflight_refuses(case, refusals):
+    res, render_dir = refusals[case['id']]
     assert res.returncode != 0, 'preflight accepted the mutation %s' % case['patch']
     fails = failures(res.stdout)
     report = '\n'.join('[%s] %s: %s' % f for f in fails) or (res.stdout[-3000:] + res.stderr[-3000:])
