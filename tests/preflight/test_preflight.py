@@ -92,7 +92,9 @@ def _run_case(case, base):
     shutil.copytree(PROD, inv)
     apply_patch(inv, case['patch'])
     render_dir = base / 'render'
-    return run_render(inv, render_dir), render_dir
+    res = run_render(inv, render_dir)
+    (base / 'ansible-output.json').write_text(res.stdout)  # kept by pytest's tmp dirs for reading later
+    return res, render_dir
 
 
 @pytest.fixture(scope='module')

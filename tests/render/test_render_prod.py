@@ -121,7 +121,7 @@ def test_store_mode_mooncake_json(store_render, inventory):
             assert not {'cpu_memory_pool_size', 'gpu_memory_pool_size'} & set(cfg), 'older names are never emitted'
             env = parse_env_file(store_render / host / 'etc/vllm' / ('%s.env' % inst['name']))
             assert env['MOONCAKE_CONFIG_PATH'] == '/etc/vllm/%s.mooncake.json' % inst['name']
-            kv = json.loads(env['VLLM_KV_TRANSFER_CONFIG'])
+            kv = json.loads(env['SERVE_KV_TRANSFER_CONFIG'])
             assert (kv['kv_connector'], kv['kv_role']) == ('MooncakeStoreConnector', role)
     router = groups['vllm_router'][0]
     args = parse_env_file(store_render / router / 'etc/vllm-router/router.env')['VLLM_ROUTER_ARGS'].split()
