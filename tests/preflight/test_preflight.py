@@ -98,12 +98,15 @@ def _run_case(case, base):
 
 
 @pytest.fixture(scope='module')
-def refusals(tmp_path_factory):
-    """Every case's render run, PREFLIGHT_JOBS at a time (default: 2 per CPU; each run is mostly waiting on forks)."""
+def refusals(request, tmp_path_factory):
+    """The render run of every selected case (-k works), PREFLIGHT_JOBS at a time (default: 2 per CPU)."""
+    wanted = {item.callspec.params['case']['id'] for item in request.session.items
+              if hasattr(item, 'callspec') and 'case' in item.callspec.params}
+    cases = [c for c in CASES if c['id'] in wanted]
     jobs = int(os.environ.get('PREFLIGHT_JOBS', 2 * (os.cpu_count() or 1)))
-    bases = {c['id']: tmp_path_factory.mktemp(c['id']) for c in CASES}
+    bases = {c['id']: tmp_path_factory.mktemp(c['id']) for c in cases}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futs = {c['id']: pool.submit(_run_case, c, bases[c['id']]) for c in CASES}
+        futs = {c['id']: pool.submit(_run_case, c, bases[c['id']]) for c in cases}
         return {cid: fut.result() for cid, fut in futs.items()}
 
 
