@@ -30,6 +30,10 @@ def test_master_one_leader(host, request):
         url = 'http://%s:%s/health' % (mv['common_host_ip'], mv['mooncake_master_metrics_port'])
         health = wait_until(lambda: curl_json(host, url), timeout=60)
         roles.append(health.get('role'))
+        if health.get('role', 'leader') == 'leader':
+            # Clients reach the store through the leader's RPC port.
+            sock = other_host(request, m).socket('tcp://%s:%s' % (mv['common_host_ip'], mv['mooncake_master_rpc_port']))
+            assert sock.is_listening, 'leader %s does not listen on its RPC port' % m
     if len(masters) > 1:
         assert sorted(roles) == ['leader'] + ['standby'] * (len(masters) - 1), roles
     else:

@@ -1,13 +1,20 @@
 """End to end through vllm-router: a long prompt is prefilled on a prefill instance and its KV
 arrives at decode by external transfer, which decode's /metrics must show."""
 import json
+import uuid
 
 import pytest
 
 from conftest import curl_json, groups, hvars, in_group, metric_value, other_host
 
 # Over 256 tokens with any tokenizer: KV moves in whole blocks (128 tokens on CPU).
-PROMPT = ' '.join('The prefill host computes the key value cache for token %d and the decode host receives it.' % i
+# A fresh nonce leads every prompt: otherwise decode's prefix cache serves an earlier run's KV
+# (counted as local_cache_hit) and the transfer counters cannot show anything.
+def prompt():
+    return 'Request %s. %s' % (uuid.uuid4().hex, PROMPT_BODY)
+
+
+PROMPT_BODY = ' '.join('The prefill host computes the key value cache for token %d and the decode host receives it.' % i
                   for i in range(40))
 METRIC = 'vllm:prompt_tokens_by_source_total'
 
@@ -42,7 +49,7 @@ def test_completion_kv_arrives_by_transfer(router, request):
     model = model_name(host, base)
     ext0, local0 = decode_counters(request, host)
     res = curl_json(host, base + '/v1/completions',
-                    {'model': model, 'prompt': PROMPT, 'max_tokens': 8, 'temperature': 0})
+                    {'model': model, 'prompt': prompt(), 'max_tokens': 8, 'temperature': 0})
     assert res['usage']['prompt_tokens'] > 256, res['usage']
     assert res['choices'][0]['text'] != '' or res['usage']['completion_tokens'] > 0
     ext1, local1 = decode_counters(request, host)
@@ -64,7 +71,7 @@ def test_streaming_chat_completion(router, request):
     model = model_name(host, base)
     ext0, _ = decode_counters(request, host)
     body = json.dumps({'model': model, 'stream': True, 'max_tokens': 8, 'temperature': 0,
-                       'messages': [{'role': 'user', 'content': PROMPT}]}).replace("'", "'\\''")
+                       'messages': [{'role': 'user', 'content': prompt()}]}).replace("'", "'\\''")
     out = host.check_output("curl -sS -N --fail-with-body -m 120 -H 'Content-Type: application/json' "
                             "%s/v1/chat/completions -d '%s'" % (base, body))
     events = [l[len('data: '):] for l in out.splitlines() if l.startswith('data: ')]

@@ -10,8 +10,8 @@ def expected_units(host):
     if in_group(host, 'etcd'):
         units.append(('etcd', [(v['common_host_ip'], v['etcd_client_port']), (v['common_host_ip'], 2380)]))
     if in_group(host, 'mooncake_master'):
-        units.append(('mooncake-master', [(v['common_host_ip'], v['mooncake_master_rpc_port']),
-                                          (v['common_host_ip'], v['mooncake_master_metrics_port'])]))
+        # The RPC port is served by the leader only (a standby waits in etcd): see test_control_plane.
+        units.append(('mooncake-master', [(v['common_host_ip'], v['mooncake_master_metrics_port'])]))
     if in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode'):
         for inst in v.get('vllm_instances', []):
             socks = [('0.0.0.0', inst['port'])]

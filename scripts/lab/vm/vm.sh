@@ -23,6 +23,7 @@ BR=${PD_LAB_VM_BRIDGE:-pdrdma0}
 BR_CIDR=${PD_LAB_VM_BRIDGE_CIDR:-10.77.0.1/24}
 BR_IP=${BR_CIDR%/*}
 WH_PORT=${PD_LAB_WHEELHOUSE_PORT:-8765}
+VM_CPU=${PD_LAB_VM_CPU:-max}   # qemu -cpu model (FACTS: -cpu max boots the image under TCG)
 log() { echo "[vm] $*" >&2; }
 changed=0
 
@@ -86,7 +87,7 @@ case "$cmd" in
       qemu-img create -q -f qcow2 -F qcow2 -b "$BASE" "$overlay"
       : > "$RUN/$name.console.log"
       qemu-system-x86_64 -name "pdrdma-$name" \
-        -accel tcg,thread=multi -cpu max -smp "$vcpus" -m "$mem" \
+        -accel tcg,thread=multi -cpu "$VM_CPU" -smp "$vcpus" -m "$mem" \
         -kernel "$KERNEL" -initrd "$INITRD" \
         -append "root=/dev/vda rw console=ttyS0 net.ifnames=0 systemd.hostname=$name mitigations=off" \
         -drive "file=$overlay,if=virtio,format=qcow2,cache=unsafe" \
