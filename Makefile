@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lint unit render-test preflight-test static test lab lab-verify lab-destroy molecule-test clean
+.PHONY: venv lint unit render-test preflight-test static test lab lab-verify lab-destroy molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -54,7 +54,12 @@ lab-destroy: venv
 molecule-test: venv
 	$(LAB_ENV) $(LAB) test
 
-test: static molecule-test
+# The RDMA lab: two QEMU (TCG) VMs with Soft-RoCE; the rdma role, NIC/GID auto selection, and a
+# Mooncake transfer over verbs beside ib_write_bw.
+rdma-test: venv
+	$(LAB_ENV) $(LAB) test -s rdma
+
+test: static molecule-test rdma-test
 
 clean:
 	rm -rf .cache render
