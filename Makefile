@@ -50,14 +50,14 @@ lab-verify: venv
 lab-destroy: venv
 	$(LAB_ENV) PD_LAB_SKIP_PREPARE=1 $(LAB) destroy
 
-# The full lab sequence: create, converge, idempotence, verify, destroy.
+# The full lab sequence (create, converge, idempotence, verify, destroy), each step timed.
 molecule-test: venv
-	$(LAB_ENV) $(LAB) test
+	$(LAB_ENV) scripts/lab/lab-test.sh default
 
 # The RDMA lab: two QEMU (TCG) VMs with Soft-RoCE; the rdma role, NIC/GID auto selection, and a
 # Mooncake transfer over verbs beside ib_write_bw.
 rdma-test: venv
-	$(LAB_ENV) $(LAB) test -s rdma
+	$(LAB_ENV) scripts/lab/lab-test.sh rdma
 
 test: static molecule-test rdma-test
 
