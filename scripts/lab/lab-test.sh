@@ -7,7 +7,7 @@ set -uo pipefail
 scenario=${1:-default}
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-lab() { "$here/molecule.sh" "$1" -s "$scenario"; }
+lab() { local step=$1; shift; "$here/molecule.sh" "$step" -s "$scenario" "$@"; }
 
 # Prepare caches once (docker, image, wheelhouse, model), then skip it for each step.
 "$here/molecule.sh" --version >/dev/null || exit 1
@@ -23,11 +23,18 @@ trap 'kill $sampler 2>/dev/null' EXIT
 steps=(destroy syntax create)
 [[ -f "$repo/molecule/$scenario/prepare.yml" ]] && steps+=(prepare)
 steps+=(converge idempotence verify)
+# The docker lab then switches to store mode (MooncakeStoreConnector) with a rolling re-converge
+# and runs verify again: the same checks, with what store mode can show.
+[[ "$scenario" == default ]] && steps+=(converge-store verify-store)
 declare -A took
 rc=0
 for step in "${steps[@]}"; do
   start=$(date +%s)
-  if ! lab "$step"; then rc=1; echo "[lab-test] $scenario: $step FAILED" >&2; fi
+  case $step in
+    converge-store) lab converge -- -e vllm_kv_connector=MooncakeStoreConnector ;;
+    verify-store) lab verify ;;
+    *) lab "$step" ;;
+  esac || { rc=1; echo "[lab-test] $scenario: $step FAILED" >&2; }
   took[$step]=$(( $(date +%s) - start ))
   ((rc)) && break
 done

@@ -71,6 +71,15 @@ def wait_until(fn, timeout=120, interval=2):
         time.sleep(interval)
 
 
+def deployed_kv_config(h, inst_name):
+    """The kv-transfer-config an instance really runs with (from its env file), not the inventory's:
+    a converge with -e vllm_kv_connector=... changes the deployment without touching the inventory."""
+    for line in h.file('/etc/vllm/%s.env' % inst_name).content_string.splitlines():
+        if line.startswith('SERVE_KV_TRANSFER_CONFIG='):
+            return json.loads(line.split('=', 1)[1].strip("'"))
+    raise AssertionError('no SERVE_KV_TRANSFER_CONFIG in /etc/vllm/%s.env' % inst_name)
+
+
 def other_host(request, name):
     """A testinfra host for another inventory host, with the same inventory and connection."""
     import testinfra

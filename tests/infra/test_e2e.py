@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from conftest import curl_json, groups, hvars, in_group, metric_value, other_host
+from conftest import curl_json, deployed_kv_config, groups, hvars, in_group, metric_value, other_host, wait_until
 
 # Over 256 tokens with any tokenizer: KV moves in whole blocks (128 tokens on CPU).
 # A fresh nonce leads every prompt: otherwise decode's prefix cache serves an earlier run's KV
@@ -17,6 +17,11 @@ def prompt():
 PROMPT_BODY = ' '.join('The prefill host computes the key value cache for token %d and the decode host receives it.' % i
                   for i in range(40))
 METRIC = 'vllm:prompt_tokens_by_source_total'
+
+
+def deployed_connector(request, host):
+    d = other_host(request, groups(host)['vllm_decode'][0])
+    return deployed_kv_config(d, hvars(d)['vllm_instances'][0]['name'])['kv_connector']
 
 
 def decode_counters(request, host):
@@ -52,11 +57,13 @@ def test_completion_kv_arrives_by_transfer(router, request):
                     {'model': model, 'prompt': prompt(), 'max_tokens': 8, 'temperature': 0})
     assert res['usage']['prompt_tokens'] > 256, res['usage']
     assert res['choices'][0]['text'] != '' or res['usage']['completion_tokens'] > 0
+    # Counters are published a moment after the response: poll briefly until the transfer shows.
+    wait_until(lambda: decode_counters(request, host)[0] - ext0 >= 128, timeout=30)
     ext1, local1 = decode_counters(request, host)
     moved, computed = ext1 - ext0, local1 - local0
     print('prompt %d tokens: %d arrived by KV transfer, %d computed on decode'
           % (res['usage']['prompt_tokens'], moved, computed))
-    if v['vllm_kv_connector'] == 'MooncakeConnector':
+    if deployed_connector(request, host) == 'MooncakeConnector':
         # P2P: decode computes nothing of the prompt itself.
         assert moved >= 256, (moved, computed)
         assert computed == 0, (moved, computed)
@@ -79,5 +86,11 @@ def test_streaming_chat_completion(router, request):
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) >= 2, out[-500:]
     assert any(c['choices'] and c['choices'][0].get('delta') for c in chunks)
-    ext1, _ = decode_counters(request, host)
-    assert ext1 - ext0 >= 128, 'streamed request moved no KV by transfer'
+    # Counters are published a moment after the response: poll briefly.
+    def moved_now():
+        delta = decode_counters(request, host)[0] - ext0
+        return delta if delta >= 128 else 0
+    moved = wait_until(moved_now, timeout=30)
+    print('streamed chat: %d prompt tokens arrived at decode by KV transfer' % moved)
+    assert moved >= 128, 'streamed request moved no KV by transfer'
+

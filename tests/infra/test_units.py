@@ -1,7 +1,7 @@
 """Every unit the host should run is active, enabled, and listening where configured."""
 import pytest
 
-from conftest import hvars, in_group
+from conftest import deployed_kv_config, hvars, in_group
 
 
 def expected_units(host):
@@ -15,7 +15,8 @@ def expected_units(host):
     if in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode'):
         for inst in v.get('vllm_instances', []):
             socks = [('0.0.0.0', inst['port'])]
-            if in_group(host, 'vllm_prefill') and v['vllm_kv_connector'] == 'MooncakeConnector':
+            if in_group(host, 'vllm_prefill') and \
+                    deployed_kv_config(host, inst['name'])['kv_connector'] == 'MooncakeConnector':
                 socks.append(('0.0.0.0', inst.get('bootstrap_port', v['vllm_default_bootstrap_port'])))
             units.append(('vllm@%s' % inst['name'], socks))
     if in_group(host, 'vllm_router'):
