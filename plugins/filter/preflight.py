@@ -8,6 +8,7 @@ Pure functions (no Ansible state), unit-tested in tests/unit/test_preflight_filt
 - preflight_router_override_errors: vllm_router_prefill_urls / _decode_urls entries that match no known instance
 - preflight_duplicates:       values that occur more than once in a list
 - preflight_is_ip:            IPv4/IPv6 literal
+- preflight_is_cidr:          IPv4/IPv6 address or network without host bits (10.0.0.0/8, 10.0.0.5, fd00::/64)
 - preflight_is_port:          an int (or a string of digits) in 1..65535
 - preflight_is_intlike:       an int (or a string of digits), never a bool
 - preflight_is_boollike:      a real bool, or a string/int that Ansible's bool filter maps unambiguously
@@ -88,6 +89,16 @@ def is_ip(value):
         return False
     try:
         ipaddress.ip_address(value.strip('[]'))
+        return True
+    except ValueError:
+        return False
+
+
+def is_cidr(value):
+    if not isinstance(value, str) or not value.strip():
+        return False
+    try:
+        ipaddress.ip_network(value.strip(), strict=True)
         return True
     except ValueError:
         return False
@@ -226,6 +237,7 @@ class FilterModule(object):
             'preflight_router_override_errors': router_override_errors,
             'preflight_duplicates': duplicates,
             'preflight_is_ip': is_ip,
+            'preflight_is_cidr': is_cidr,
             'preflight_is_port': is_port,
             'preflight_is_intlike': is_intlike,
             'preflight_is_boollike': is_boollike,

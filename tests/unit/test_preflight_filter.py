@@ -44,6 +44,13 @@ def test_is_ip(value, ok):
     assert pf.is_ip(value) is ok
 
 
+@pytest.mark.parametrize("value,ok", [("10.0.0.0/8", True), ("10.10.9.5", True), ("fd00::/64", True),
+                                      ("10.0.0.5/8", False), ("10.0.0.0/33", False), ("monitoring", False),
+                                      ("", False), (None, False), (10, False)])
+def test_is_cidr(value, ok):
+    assert pf.is_cidr(value) is ok
+
+
 def test_bad_tokens():
     assert pf.bad_tokens(["--a", "0.9", 3]) == []
     assert pf.bad_tokens(["--a 0.9", "", True, {"x": 1}, "ok"]) == ["--a 0.9", "", True, {"x": 1}]
