@@ -1,0 +1,181 @@
+"""Render the cluster status table of playbooks/status.yml.
+
+- bundle_status_red:   the reasons the cluster is red (an empty list means green)
+- bundle_status_table: the cluster as one text block: a unit table, then the transfer matrix
+
+Input, one dict per cluster, assembled by the playbook from what each host reported:
+  name:  cluster name
+  units: one row per unit:
+           host, unit ('etcd', 'mooncake-master', 'vllm@prefill0', 'vllm-router', ...),
+           state ('running' = active; 'stopped', 'failed', 'absent', 'unreachable', ...),
+           status (systemd's active/inactive/failed, shown when not running), version,
+           health (text: 'healthy', 'leader', 'standby', 'serving', or what failed),
+           health_ok (true, false, or null when not probed);
+         vLLM rows also: role, port, gpus, protocol, nics, gid_index, rate_gbps (link rate, Gbit/s)
+  transfer_check: whether the transfer matrix was measured (default true)
+  prefills, decodes: host lists (matrix rows and columns)
+  transfers: [{source, target, ok, gbps (Gbit/s, as mooncake-check reports it), error}]
+
+Red: a unit not running, a failed health probe (unhealthy etcd member, unhealthy master, vLLM or
+router /health not 200), no healthy master leader when there are masters, a failed or missing transfer.
+A tcp cluster (no RDMA) shows tcp and n/a for NICs, GID and link rate; that is not red.
+"""
+
+RED = 'RED'
+OK = 'ok'
+
+
+def _txt(value, empty='-'):
+    if value is None or value == '' or value == []:
+        return empty
+    if isinstance(value, (list, tuple)):
+        return ','.join(str(v) for v in value)
+    return str(value)
+
+
+def _gbytes(gbits):
+    """Gbit/s -> 'N.NN GB/s'."""
+    if gbits is None:
+        return 'n/a'
+    return '%.2f GB/s' % (float(gbits) / 8.0)
+
+
+def _state_text(unit):
+    state = unit.get('state') or 'absent'
+    status = unit.get('status')
+    if state == 'running' or not status or status == state:
+        return state
+    return '%s (%s)' % (state, status)
+
+
+def _masters(units):
+    return [u for u in units if u.get('unit') == 'mooncake-master']
+
+
+def _has_leader(units):
+    return any(u.get('state') == 'running' and u.get('health') == 'leader' and u.get('health_ok')
+               for u in _masters(units))
+
+
+def _unit_red(unit):
+    return unit.get('state') != 'running' or unit.get('health_ok') is False
+
+
+def _host_link(units):
+    """host -> the fastest selected RDMA port of its vLLM instances (Gbit/s), None over tcp."""
+    links = {}
+    for unit in units:
+        rate = unit.get('rate_gbps')
+        if unit.get('protocol') == 'rdma' and rate is not None:
+            links[unit.get('host')] = max(float(rate), links.get(unit.get('host')) or 0.0)
+    return links
+
+
+def _transfers(data):
+    return {(t.get('source'), t.get('target')): t for t in data.get('transfers') or []}
+
+
+def bundle_status_red(data):
+    """Reasons the cluster is red; an empty list means green."""
+    data = data or {}
+    units = data.get('units') or []
+    red = []
+    for unit in units:
+        if unit.get('state') != 'running':
+            red.append('%s: %s is %s' % (unit.get('host'), unit.get('unit'), _state_text(unit)))
+        elif unit.get('health_ok') is False:
+            red.append('%s: %s unhealthy: %s' % (unit.get('host'), unit.get('unit'), _txt(unit.get('health'))))
+    if _masters(units) and not _has_leader(units):
+        red.append('mooncake-master: no healthy leader')
+    if data.get('transfer_check', True):
+        seen = _transfers(data)
+        for src in data.get('prefills') or []:
+            for dst in data.get('decodes') or []:
+                res = seen.get((src, dst))
+                if res is None:
+                    red.append('transfer %s -> %s: not run' % (src, dst))
+                elif not res.get('ok'):
+                    red.append('transfer %s -> %s failed: %s' % (src, dst, _txt(res.get('error'))))
+    return red
+
+
+def _table(headers, rows):
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+    fmt = '  '.join('%%-%ds' % w for w in widths)
+    lines = [fmt % tuple(headers), fmt % tuple('-' * w for w in widths)]
+    lines.extend(fmt % tuple(row) for row in rows)
+    return [line.rstrip() for line in lines]
+
+
+def _instance_cells(unit):
+    if not unit.get('unit', '').startswith('vllm@'):
+        return ['', '', '', '']
+    if unit.get('protocol') != 'rdma':
+        return [_txt(unit.get('gpus')), _txt(unit.get('protocol')), 'n/a', 'n/a']
+    rate = unit.get('rate_gbps')
+    gid = unit.get('gid_index')
+    return [_txt(unit.get('gpus')), _txt(unit.get('nics')), 'n/a' if gid is None else str(gid),
+            'n/a' if rate is None else '%g Gb/s' % float(rate)]
+
+
+def _health_cell(unit, leader):
+    text = _txt(unit.get('health'))
+    if unit.get('unit') == 'mooncake-master' and not leader and unit.get('health') == 'standby':
+        return text + ' (no leader)'
+    return text
+
+
+def bundle_status_table(data):
+    """The cluster as one text block (print it with ansible.builtin.debug)."""
+    data = data or {}
+    units = data.get('units') or []
+    red = bundle_status_red(data)
+    leader = _has_leader(units)
+    out = ['CLUSTER %s: %s' % (data.get('name') or 'cluster',
+                               'GREEN' if not red else '%s, %d problem%s' % (RED, len(red), '' if len(red) == 1 else 's'))]
+    rows = []
+    for unit in units:
+        rows.append([RED if _unit_red(unit) else OK, _txt(unit.get('host')), _txt(unit.get('unit')),
+                     _state_text(unit), _txt(unit.get('version')), _health_cell(unit, leader)]
+                    + _instance_cells(unit))
+    out.extend(_table(['', 'host', 'unit', 'state', 'version', 'health', 'gpus', 'nics', 'gid', 'link'], rows))
+
+    prefills, decodes = data.get('prefills') or [], data.get('decodes') or []
+    if prefills and decodes:
+        out.append('')
+        if not data.get('transfer_check', True):
+            out.append('Transfers: not measured (status_transfer_check=false)')
+        else:
+            out.append('Transfers prefill -> decode, mooncake-check (GB/s; beside it the link rate, n/a over tcp)')
+            seen, links = _transfers(data), _host_link(units)
+            rows = []
+            for src in prefills:
+                row = [src]
+                for dst in decodes:
+                    res = seen.get((src, dst))
+                    if res is None:
+                        row.append('%s not run' % RED)
+                    elif not res.get('ok'):
+                        row.append('%s failed' % RED)
+                    else:
+                        ends = [links.get(src), links.get(dst)]
+                        link = None if None in ends else min(ends)
+                        row.append('%s / link %s' % (_gbytes(res.get('gbps')), _gbytes(link)))
+                rows.append(row)
+            out.extend(_table(['prefill \\ decode'] + list(decodes), rows))
+
+    if red:
+        out.append('')
+        out.append('RED:')
+        out.extend('- ' + reason for reason in red)
+    return '\n'.join(out)
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            'bundle_status_red': bundle_status_red,
+            'bundle_status_table': bundle_status_table,
+        }
