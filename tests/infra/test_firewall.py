@@ -1,0 +1,211 @@
+"""The firewall role: cluster-internal ports answer cluster hosts and nobody else.
+
+    pytest tests/infra/test_firewall.py --hosts='ansible://all' --ansible-inventory=molecule/default/inventory
+
+Per host: the unit is active and the table inet pd_bundle is loaded (loopback and replies first); each
+protected port that listens there connects from a cluster peer, and from an outsider it does not. The
+outsider is a throwaway container on the lab's docker network (PD_LAB_NETWORK, default pd-lab) that this
+module starts and removes; against a real cluster (no docker, no such network) that part is skipped.
+"""
+import ipaddress
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from conftest import groups, hvars, in_group, other_host
+
+TABLE = 'pd_bundle'
+UNIT = 'pd-bundle-firewall.service'
+# Role defaults the inventory may leave out (roles/*/defaults/main.yml).
+PORT_DEFAULTS = {
+    'etcd_client_port': 2379,
+    'etcd_peer_port': 2380,
+    'mooncake_master_rpc_port': 50051,
+    'mooncake_master_metrics_port': 9003,
+    'mooncake_master_http_metadata_port': 8080,
+    'vllm_default_bootstrap_port': 8998,
+    'vllm_router_port': 8000,
+    'vllm_router_prometheus_port': 29000,
+}
+# Which host plays the natural client of a host's services (the first of these groups with another host).
+PEER_GROUPS = {
+    'vllm_prefill': ['vllm_decode'],
+    'vllm_decode': ['vllm_router'],
+    'etcd': ['etcd'],
+    'mooncake_master': ['etcd', 'vllm_prefill'],
+    'vllm_router': ['vllm_decode'],
+}
+NETWORK = os.environ.get('PD_LAB_NETWORK', 'pd-lab')
+IMAGE = os.environ.get('PD_LAB_IMAGE', 'local/pd-lab-debian12:latest')
+OUTSIDER_IPS = ['172.30.0.99', '172.30.0.98', '172.30.0.97']
+
+# Connects to each (ip, port) with a short timeout; prints {"ip:port": open|refused|timeout|error:N}.
+PROBE = r'''
+import json, socket, sys
+out = {}
+for ip, port in json.loads(sys.argv[1]):
+    s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(2)
+    try:
+        s.connect((ip, port))
+        r = "open"
+    except ConnectionRefusedError:
+        r = "refused"
+    except socket.timeout:
+        r = "timeout"
+    except OSError as e:
+        r = "error:%s" % e.errno
+    finally:
+        s.close()
+    out["%s:%d" % (ip, port)] = r
+print(json.dumps(out))
+'''
+
+
+def probe_cmd(pairs):
+    return 'python3 -c %s %s' % (shlex.quote(PROBE), shlex.quote(json.dumps(pairs)))
+
+
+def cfg(host):
+    v = dict(PORT_DEFAULTS)
+    v.update(hvars(host))
+    return v
+
+
+def enabled(host):
+    return str(hvars(host).get('firewall_enabled', False)).lower() in ('true', '1', 'yes', 'on')
+
+
+def protected_ports(host):
+    """[(port, what)] of this host's fixed cluster-internal ports (ranges are not probed)."""
+    v = cfg(host)
+    ports = []
+    if in_group(host, 'etcd'):
+        ports += [(v['etcd_client_port'], 'etcd client'), (v['etcd_peer_port'], 'etcd peer')]
+    if in_group(host, 'mooncake_master'):
+        ports += [(v['mooncake_master_rpc_port'], 'master RPC'), (v['mooncake_master_metrics_port'], 'master metrics'),
+                  (v['mooncake_master_http_metadata_port'], 'master HTTP metadata')]
+    if in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode'):
+        for inst in v.get('vllm_instances', []):
+            ports.append((inst['port'], 'vLLM %s' % inst['name']))
+            if in_group(host, 'vllm_prefill'):
+                ports.append((inst.get('bootstrap_port', v['vllm_default_bootstrap_port']), 'bootstrap %s' % inst['name']))
+    if in_group(host, 'vllm_router'):
+        ports.append((v['vllm_router_prometheus_port'], 'router Prometheus'))
+    return [(int(p), what) for p, what in ports]
+
+
+def listening(host, ports):
+    """The ports of `ports` something listens on (any address) on the host."""
+    out = host.check_output('ss -Htln')
+    bound = {int(line.split()[3].rsplit(':', 1)[1]) for line in out.splitlines() if line.strip()}
+    return [(p, what) for p, what in ports if p in bound]
+
+
+def peer_of(host):
+    me = hvars(host)['inventory_hostname']
+    g = groups(host)
+    for group in [grp for grp in PEER_GROUPS if in_group(host, grp)]:
+        for cand_group in PEER_GROUPS[group]:
+            for cand in g.get(cand_group, []):
+                if cand != me:
+                    return cand
+    return None
+
+
+@pytest.fixture(scope='module')
+def outsider():
+    """probe(pairs) run from a non-cluster container on the lab network, or a skip reason (str)."""
+    docker = shutil.which('docker')
+    if not docker:
+        yield 'no docker CLI here (a real cluster): the outsider checks need the docker lab'
+        return
+    net = subprocess.run([docker, 'network', 'inspect', NETWORK, '-f', '{{json .IPAM.Config}}'],
+                         capture_output=True, text=True)
+    if net.returncode != 0:
+        yield 'no docker network %s here: the outsider checks need the docker lab' % NETWORK
+        return
+    subnets = [ipaddress.ip_network(c['Subnet']) for c in json.loads(net.stdout) or [] if c.get('Subnet')]
+    name = 'pd-fw-outsider-%s' % uuid.uuid4().hex[:8]
+    started = None
+    for ip in OUTSIDER_IPS:
+        res = subprocess.run([docker, 'run', '-d', '--rm', '--name', name, '--network', NETWORK, '--ip', ip,
+                              '--entrypoint', 'sleep', IMAGE, '300'], capture_output=True, text=True)
+        if res.returncode == 0:
+            started = ip
+            break
+    if started is None:
+        yield 'could not start an outsider container on %s: %s' % (NETWORK, res.stderr.strip()[:300])
+        return
+
+    def probe(pairs):
+        res = subprocess.run([docker, 'exec', name, 'sh', '-c', probe_cmd(pairs)],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    probe.ip = started
+    probe.subnets = subnets
+    try:
+        yield probe
+    finally:
+        subprocess.run([docker, 'rm', '-f', name], capture_output=True, text=True)
+
+
+def test_table_loaded_and_unit_active(host):
+    if not enabled(host):
+        pytest.skip('firewall_enabled is false for this host')
+    svc = host.service(UNIT)
+    assert svc.is_running or host.run('systemctl is-active %s' % UNIT).stdout.strip() == 'active', '%s is not active' % UNIT
+    assert svc.is_enabled, '%s is not enabled' % UNIT
+    table = host.run('nft list table inet %s' % TABLE)
+    assert table.rc == 0, 'table inet %s is not loaded: %s' % (TABLE, table.stderr)
+    chain = [l.strip() for l in host.check_output('nft list chain inet %s input' % TABLE).splitlines()]
+    rules = [l for l in chain if l and not l.startswith(('table', 'chain', 'type', '}'))]
+    # Loopback, then replies, come before any restriction.
+    assert rules[0] == 'iif "lo" accept' and rules[1] == 'ct state established,related accept', rules
+    # Every fixed protected port of the host is in the loaded set.
+    elems = json.loads(host.check_output('nft -j list set inet %s cluster_tcp' % TABLE))
+    members = next(o['set'] for o in elems['nftables'] if 'set' in o).get('elem', [])
+    ranges = [(e['range'][0], e['range'][1]) if isinstance(e, dict) else (e, e) for e in members]
+    missing = [(p, what) for p, what in protected_ports(host) if not any(lo <= p <= hi for lo, hi in ranges)]
+    assert not missing, 'not protected: %s (set: %s)' % (missing, members)
+
+
+def test_cluster_peer_connects(host, request):
+    if not enabled(host):
+        pytest.skip('firewall_enabled is false for this host')
+    ports = listening(host, protected_ports(host))
+    peer = peer_of(host)
+    if not ports or peer is None:
+        pytest.skip('no listening protected port or no cluster peer for this host')
+    ip = cfg(host)['common_host_ip']
+    res = json.loads(other_host(request, peer).check_output(probe_cmd([[ip, p] for p, _ in ports])))
+    bad = {k: r for k, r in res.items() if r != 'open'}
+    assert not bad, 'cluster host %s cannot reach %s: %s (ports: %s)' % (peer, ip, bad, ports)
+
+
+def test_outsider_is_refused(host, outsider):
+    if isinstance(outsider, str):
+        pytest.skip(outsider)
+    if not enabled(host):
+        pytest.skip('firewall_enabled is false for this host')
+    v = cfg(host)
+    ip = v['common_host_ip']
+    if not any(ipaddress.ip_address(ip) in net for net in outsider.subnets):
+        pytest.skip('%s is not on the lab network %s' % (ip, NETWORK))
+    ports = listening(host, protected_ports(host))
+    if not ports:
+        pytest.skip('no protected port listens on this host')
+    res = outsider([[ip, p] for p, _ in ports])
+    print('outsider %s -> %s: %s' % (outsider.ip, ip, res))
+    opened = {'%s (%s)' % (k, what): r for (k, r), (_, what) in zip(res.items(), ports) if r == 'open'}
+    assert not opened, 'an outsider (%s) connects to protected ports: %s' % (outsider.ip, opened)
+    if in_group(host, 'vllm_router'):
+        pub = outsider([[ip, int(v['vllm_router_port'])]])
+        assert list(pub.values()) == ['open'], 'the router public port must stay open to everyone: %s' % pub
