@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Steady request load through the router, counting failures (stdlib only).
+
+Used by the fault drills and the rolling-restart proof: a few workers send completions in a
+loop until the duration ends or the stop file appears, and every request is recorded with its
+start time, latency and outcome. A request fails on any transport error, a non-200 status, or a
+200 without generated text.
+
+    load.py --url http://172.30.0.41:8000 --model tiny-llama --workers 2 --stop-file /tmp/stop \\
+        --out /tmp/load.json
+"""
+import argparse
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+def one_request(url, model, prompt, max_tokens, timeout, api_key=None):
+    """Send one completion; return (ok, detail)."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(f"{url}/v1/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return False, f"HTTP {exc.code}: {exc.read()[:200]!r}"
+    except Exception as exc:  # noqa: BLE001 - every transport error counts as a failure
+        return False, f"{type(exc).__name__}: {exc}"
+    choices = data.get("choices") or []
+    if not choices or not choices[0].get("text"):
+        return False, f"no text in response: {str(data)[:200]}"
+    return True, ""
+
+
+def summarize(records):
+    """Totals and the failures (time since start, error) from a list of request records."""
+    failed = [r for r in records if not r["ok"]]
+    return {
+        "requests": len(records),
+        "failed": len(failed),
+        "succeeded": len(records) - len(failed),
+        "failures": [{"t": round(r["t"], 2), "error": r["error"]} for r in failed][:50],
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=600, help="upper bound in seconds")
+    ap.add_argument("--stop-file", help="stop as soon as this file exists")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--pause", type=float, default=0.2, help="seconds between a worker's requests")
+    ap.add_argument("--api-key", default=os.environ.get("PD_ROUTER_API_KEY", ""))
+    ap.add_argument("--out", required=True, help="JSON summary written here")
+    args = ap.parse_args(argv)
+
+    records, lock = [], threading.Lock()
+    start = time.monotonic()
+    deadline = start + args.duration
+
+    def running():
+        return time.monotonic() < deadline and not (args.stop_file and os.path.exists(args.stop_file))
+
+    def worker(wid):
+        n = 0
+        while running():
+            # Over 256 tokens, so whole KV blocks move (CPU block size 128).
+            prompt = f"load {wid}-{n} " + "the prefill host computes the KV cache and ships it " * 40
+            t0 = time.monotonic()
+            ok, err = one_request(args.url, args.model, prompt, args.max_tokens, args.timeout, args.api_key)
+            with lock:
+                records.append({"t": t0 - start, "latency": time.monotonic() - t0, "ok": ok, "error": err})
+            n += 1
+            time.sleep(args.pause)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(args.workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    summary = summarize(records)
+    summary["seconds"] = round(time.monotonic() - start, 1)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=2)
+    print(json.dumps({k: v for k, v in summary.items() if k != "failures"}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
