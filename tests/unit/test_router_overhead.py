@@ -1,0 +1,77 @@
+"""Unit tests for the pure parts of scripts/bench/router_overhead.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+_spec = importlib.util.spec_from_file_location("router_overhead",
+                                               os.path.join(REPO, "scripts", "bench", "router_overhead.py"))
+ro = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ro)
+
+
+def test_percentile_interpolates_like_numpy():
+    vals = [4.0, 1.0, 3.0, 2.0]
+    assert ro.percentile(vals, 0) == 1.0
+    assert ro.percentile(vals, 50) == 2.5
+    assert ro.percentile(vals, 100) == 4.0
+    assert ro.percentile(list(range(1, 101)), 99) == pytest.approx(99.01)
+    with pytest.raises(ValueError):
+        ro.percentile([], 50)
+
+
+def test_summarize_and_ratios_in_milliseconds():
+    router = ro.summarize([0.101, 0.102, 0.103])
+    direct = ro.summarize([0.100, 0.100, 0.100])
+    assert router == {"n": 3, "p50_ms": 102.0, "p99_ms": 102.98, "mean_ms": 102.0}
+    assert ro.ratios(router, direct) == {"p50": 1.02, "p99": 1.0298, "mean": 1.02}
+
+
+def test_parse_prefill_derives_the_bootstrap_address_from_the_url_host():
+    assert ro.parse_prefill("http://10.0.0.1:8100=8998") == ("http://10.0.0.1:8100", "http://10.0.0.1:8998")
+    with pytest.raises(ValueError):
+        ro.parse_prefill("http://10.0.0.1:8100")
+
+
+def test_engine_id_from_bootstrap_query():
+    doc = {"0": {"engine_id": "prefill1-prefill0", "worker_addr": {"0": {"0": "tcp://172.30.0.21:38087"}}}}
+    assert ro.engine_id_from_query(doc) == "prefill1-prefill0"
+    with pytest.raises(ValueError):
+        ro.engine_id_from_query({})
+
+
+def test_pd_bodies_match_what_the_router_sends():
+    req = {"model": "m", "prompt": "p", "max_tokens": 16, "temperature": 0.0}
+    prefill, decode = ro.pd_bodies(req, "xfer-1", "http://10.0.0.1:8998", "h-prefill0")
+    assert prefill == {"model": "m", "prompt": "p", "max_tokens": 1, "min_tokens": 1, "temperature": 0.0,
+                       "stream": False,
+                       "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False,
+                                              "transfer_id": "xfer-1"}}
+    assert decode == {"model": "m", "prompt": "p", "max_tokens": 16, "temperature": 0.0,
+                      "kv_transfer_params": {"do_remote_decode": False, "do_remote_prefill": True,
+                                             "transfer_id": "xfer-1",
+                                             "remote_bootstrap_addr": "http://10.0.0.1:8998",
+                                             "remote_engine_id": "h-prefill0"}}
+    assert req == {"model": "m", "prompt": "p", "max_tokens": 16, "temperature": 0.0}
+
+
+def test_metric_sum_matches_labels():
+    text = "\n".join([
+        "# HELP vllm:prompt_tokens_by_source_total x",
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 241.0',
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 3.0',
+        'vllm:prompt_tokens_by_source_total{engine="1",model_name="m",source="external_kv_transfer"} 9.0',
+    ])
+    assert ro.metric_sum(text, ro.METRIC, {"source": "external_kv_transfer"}) == 250.0
+    assert ro.metric_sum(text, ro.METRIC, {"source": "local_compute"}) == 3.0
+    assert ro.metric_sum(text, ro.METRIC, {"source": "local_cache_hit"}) == 0.0
+
+
+def test_prompts_share_a_shape_but_not_a_prefix():
+    a, b = ro.make_prompt("aaaa", 50), ro.make_prompt("bbbb", 50)
+    assert len(a.split()) == len(b.split()) == 50
+    assert a.split()[2:] == b.split()[2:] and a.split()[:2] != b.split()[:2]
