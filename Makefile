@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lint unit render-test preflight-test static test lab lab-verify lab-destroy molecule-test rdma-test clean
+.PHONY: venv lint unit render-test preflight-test static test lab lab-verify lab-destroy lab-status lab-bench molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -49,6 +49,20 @@ lab-verify: venv
 
 lab-destroy: venv
 	$(LAB_ENV) PD_LAB_SKIP_PREPARE=1 $(LAB) destroy
+
+# On a running lab (LAB ONLY vault password for the lab's router API key).
+LAB_PLAY := ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) ansible-playbook -i molecule/default/inventory
+
+# playbooks/status.yml green, one unit stopped -> red and non-zero, unit back and serving.
+lab-status: venv
+	PD_LAB_VENV=$(abspath $(VENV)) scripts/lab/status-test.sh
+
+# The benchmark with the tiny model and short lengths (a few minutes), then the router overhead.
+# Lab numbers say nothing about GPUs.
+LAB_BENCH_VARS ?= {"benchmark_input_lens":[128,512,1024,1536],"benchmark_num_prompts":6,"benchmark_max_concurrency":2,"benchmark_output_len":16}
+lab-bench: venv
+	$(LAB_PLAY) playbooks/benchmark.yml -e '$(LAB_BENCH_VARS)'
+	$(LAB_PLAY) playbooks/router-overhead.yml -e router_overhead_requests=20
 
 # The full lab sequence (create, converge, idempotence, verify, destroy), each step timed.
 molecule-test: venv
