@@ -1,4 +1,5 @@
 """Render mode on inventory/prod: the full file set, and the command lines it implies."""
+import ipaddress
 import json
 import os
 import shutil
@@ -11,7 +12,8 @@ from conftest import REPO, ansible_bin, command_line, expand_exec, parse_env_fil
 
 # Exposure thresholds for `systemd-analyze security --offline=true` (0 = locked down, 10 = unsafe).
 # vLLM gets more room: CUDA/torch JIT needs writable-executable memory, and it needs GPU/RDMA devices.
-EXPOSURE_MAX = {'default': 4.5, 'vllm@.service': 6.0}
+# The firewall's oneshot only needs CAP_NET_ADMIN and a netlink socket, so it is held tighter.
+EXPOSURE_MAX = {'default': 4.5, 'vllm@.service': 6.0, 'pd-bundle-firewall.service': 2.5}
 
 
 @pytest.fixture(scope='module')
@@ -42,6 +44,8 @@ def test_every_host_gets_its_files(prod_render, inventory):
                                              'opt/mooncake/bin/mooncake-check'])
     for h in groups['vllm_router']:
         expect.setdefault(h, []).extend(['etc/vllm-router/router.env', 'etc/systemd/system/vllm-router.service'])
+    for h in list(expect):  # firewall_enabled in inventory/prod: every bundle host
+        expect[h].extend(['etc/pd-bundle/firewall.nft', 'etc/systemd/system/pd-bundle-firewall.service'])
     for host, files in expect.items():
         for f in files:
             assert (prod_render / host / f).is_file(), '%s missing for %s' % (f, host)
@@ -168,3 +172,62 @@ def test_units_verify_and_exposure(prod_render, tmp_path):
         report.append((unit.parents[3].name, name, score))
         assert score <= EXPOSURE_MAX.get(name, EXPOSURE_MAX['default']), line
     print('\n'.join('%-10s %-26s %.1f' % r for r in report))
+
+
+def _ip_in(ip, elems):
+    a = ipaddress.ip_address(ip)
+    for e in elems or []:
+        if isinstance(e, str) and a == ipaddress.ip_address(e):
+            return True
+        if isinstance(e, dict) and 'range' in e and \
+                ipaddress.ip_address(e['range'][0]) <= a <= ipaddress.ip_address(e['range'][1]):
+            return True
+        if isinstance(e, dict) and 'prefix' in e and \
+                a in ipaddress.ip_network('%s/%s' % (e['prefix']['addr'], e['prefix']['len'])):
+            return True
+    return False
+
+
+def _in(port, elems):
+    return any(lo <= port <= hi for lo, hi in
+               ((e['range'][0], e['range'][1]) if isinstance(e, dict) else (e, e) for e in elems or []))
+
+
+@pytest.mark.skipif(shutil.which('nft') is None or shutil.which('unshare') is None, reason='nft or unshare not installed')
+def test_firewall_rulesets_load_and_protect(prod_render, inventory):
+    """Each host's ruleset loads (nft, in a throwaway user+network namespace) and protects its own ports."""
+    groups, hv = inventory
+    hosts = sorted({h for g in ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router') for h in groups[g]})
+    cluster = sorted({hv[h]['ansible_host'] for h in hosts})
+    for h in hosts:
+        path = prod_render / h / 'etc/pd-bundle/firewall.nft'
+        text = path.read_text()
+        assert not [l for l in text.splitlines() if 'flush' in l and not l.strip().startswith('#')], \
+            'the bundle must never flush other tables'
+        res = subprocess.run(['unshare', '-rn', 'sh', '-c', 'nft -f "$1" && nft -f "$1" && nft -j list table inet pd_bundle',
+                              '_', str(path)], capture_output=True, text=True)
+        assert res.returncode == 0, '%s: %s' % (path, res.stderr)  # loaded twice: the replace is repeatable
+        doc = json.loads(res.stdout)['nftables']
+        sets = {o['set']['name']: o['set'].get('elem', []) for o in doc if 'set' in o}
+        assert all(_ip_in(ip, sets['cluster_v4']) for ip in cluster), (h, sets['cluster_v4'])
+        assert _ip_in('10.10.9.77', sets['cluster_v4']), 'firewall_extra_sources (10.10.9.0/24) missing on %s' % h
+        assert not _ip_in('10.10.2.5', sets['cluster_v4']), 'a non-cluster address is allowed on %s' % h
+        tcp = sets['cluster_tcp']
+        want = []
+        if h in groups['etcd']:
+            want += [2379, 2380]
+        if h in groups['mooncake_master']:
+            want += [50051, 9003, 8080]
+        if h in groups['mooncake_master'] + groups['vllm_prefill'] + groups['vllm_decode']:
+            want += [15000, 16000, 17000, 18800]
+        for g in ('vllm_prefill', 'vllm_decode'):
+            for i in (hv[h]['vllm_instances'] if h in groups[g] else []):
+                want += [i['port']] + ([i['bootstrap_port'], 49152, 65535] if g == 'vllm_prefill' else [])
+        if h in groups['vllm_router']:
+            want += [29000]
+            assert _in(8000, sets['public_tcp']) and not _in(8000, tcp), 'the router port stays public'
+        assert want and [p for p in want if not _in(p, tcp)] == [], (h, want, tcp)
+        rules = [o['rule']['expr'] for o in doc if 'rule' in o]
+        assert json.dumps(rules[0]).find('"lo"') > 0 and json.dumps(rules[1]).find('established') > 0, rules[:2]
+        chain = next(o['chain'] for o in doc if 'chain' in o)
+        assert chain['policy'] == 'accept', 'default input policy is accept (firewall_default_drop: false)'
