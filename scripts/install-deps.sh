@@ -3,8 +3,9 @@
 #  - libibverbs1/libnuma1/libcurl4: the Mooncake wheel used by the transfer-check tests
 #  - iproute2: network namespaces for the transfer-check integration test
 #  - systemd: systemd-analyze verify/security for the rendered units
+#  - nftables: nft loads the rendered firewall rulesets in a throwaway network namespace (render test)
 set -euo pipefail
-pkgs=(python3-venv libibverbs1 libnuma1 libcurl4 iproute2 systemd)
+pkgs=(python3-venv libibverbs1 libnuma1 libcurl4 iproute2 systemd nftables)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
