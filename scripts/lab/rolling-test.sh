@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Rolling upgrade under load, on the docker lab: change a vLLM argument and converge the vLLM
+# play while a steady request loop runs through the router. Asserts that every instance was
+# restarted (new main PID), and that not one request failed.
+#   scripts/lab/rolling-test.sh [results-dir]
+# Env: PD_ROUTER_API_KEY (if the router has one), ANSIBLE_VAULT_PASSWORD_FILE (lab vault).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+out=${1:-$repo/lab-results}
+mkdir -p "$out"
+py=$repo/.venv/bin/python
+inv=$repo/molecule/default/inventory
+router=${PD_LAB_ROUTER_URL:-http://172.30.0.41:8000}
+instances=(prefill1:prefill0 prefill1:prefill1 decode1:decode0 decode2:decode0)
+
+pids() { for hi in "${instances[@]}"; do docker exec "${hi%%:*}" systemctl show -p MainPID --value "vllm@${hi##*:}"; done; }
+before=$(pids)
+
+stop=$(mktemp -u)
+"$py" "$here/load.py" --url "$router" --model tiny-llama --workers 2 --pause 0.2 \
+  --stop-file "$stop" --out "$out/rolling-load.json" &
+loader=$!
+sleep 5
+start=$(date +%s)
+# The "upgrade": one more engine argument on every instance (-e wins over the inventory).
+rc=0
+"$repo/.venv/bin/ansible-playbook" -i "$inv" "$repo/playbooks/vllm.yml" \
+  -e '{"vllm_extra_args": ["--enforce-eager", "--max-num-seqs", "32"]}' > "$out/rolling-playbook.log" 2>&1 || rc=$?
+took=$(( $(date +%s) - start ))
+sleep 5
+touch "$stop"; wait "$loader" || true
+after=$(pids)
+
+failed=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["failed"])' "$out/rolling-load.json")
+total=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["requests"])' "$out/rolling-load.json")
+restarted=$(paste <(echo "$before") <(echo "$after") | awk '$1 != $2 && $2 != 0' | wc -l)
+echo "[rolling] playbook rc=$rc in ${took}s; instances restarted: $restarted/${#instances[@]}; requests through the router: $total, failed: $failed"
+grep -E "^(prefill|decode)[0-9]+ +:" "$out/rolling-playbook.log" || true
+if ((rc != 0)); then tail -40 "$out/rolling-playbook.log"; exit 1; fi
+((restarted == ${#instances[@]})) || { echo "[rolling] FAILED: not every instance restarted" >&2; exit 1; }
+((failed == 0)) || { echo "[rolling] FAILED: $failed requests failed during the rolling restart" >&2;
+  "$py" -c 'import json,sys; [print(" ", f) for f in json.load(open(sys.argv[1]))["failures"][:10]]' "$out/rolling-load.json"; exit 1; }
+echo "[rolling] passed: 0 failed requests"
