@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import curl_json, groups, hvars, in_group, other_host, wait_until
+from conftest import curl_json, deployed_etcd_env, etcdctl, groups, hvars, in_group, other_host, wait_until
 
 
 def test_etcd_members_healthy(host):
@@ -11,12 +11,12 @@ def test_etcd_members_healthy(host):
         pytest.skip('not an etcd member')
     v = hvars(host)
     n = len(groups(host)['etcd'])
-    out = host.check_output('etcdctl --endpoints=http://%s:%s endpoint health --cluster -w json'
-                            % (v['common_host_ip'], v['etcd_client_port']))
+    out = host.check_output(etcdctl(host) + ' endpoint health --cluster -w json')
     health = json.loads(out)
     assert len(health) == n and all(h['health'] for h in health), out
-    members = json.loads(host.check_output('etcdctl --endpoints=http://127.0.0.1:%s member list -w json'
-                                           % v['etcd_client_port']))['members']
+    scheme = deployed_etcd_env(host)['ETCD_ADVERTISE_CLIENT_URLS'].split('://')[0]
+    loopback = '%s://127.0.0.1:%s' % (scheme, v['etcd_client_port'])
+    members = json.loads(host.check_output(etcdctl(host, loopback) + ' member list -w json'))['members']
     assert len(members) == n
 
 
