@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# inventory/prod's example vault (the router API key) is encrypted with this TEST-ONLY password;
+# operators re-encrypt it with their own (inventory/prod/group_vars/vllm_router/main.yml).
+VAULT_PASS_TEST_ONLY = REPO / 'tests' / 'fixtures' / 'vault-pass-TEST-ONLY'
 
 
 def ansible_bin(name):
@@ -23,7 +26,8 @@ def render(inventory, out_dir, extra_vars=None):
            '-e', 'render_dir=%s' % out_dir]
     if extra_vars:
         cmd += ['-e', json.dumps(extra_vars)]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1')
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
+               ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASS_TEST_ONLY))
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 

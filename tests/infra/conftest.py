@@ -6,12 +6,30 @@ Variables come from the inventory (host.ansible.get_variables()); what the inven
 falls back to the roles' defaults, repeated here in DEFAULTS.
 """
 import json
+import os
+import shlex
 import time
+from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[2]
+LAB_INVENTORY = REPO / 'molecule' / 'default' / 'inventory'
+LAB_VAULT_PASS = REPO / 'molecule' / 'default' / 'vault-pass-LAB-ONLY'
+
+
+def pytest_configure(config):
+    """The lab inventory holds a vault (the router API key): use the LAB-ONLY password file unless the
+    caller chose one. Against a real cluster, set ANSIBLE_VAULT_PASSWORD_FILE yourself."""
+    inv = getattr(config.option, 'ansible_inventory', None)
+    if inv and Path(inv).resolve() == LAB_INVENTORY.resolve():
+        os.environ.setdefault('ANSIBLE_VAULT_PASSWORD_FILE', str(LAB_VAULT_PASS))
+
 DEFAULTS = {
     'etcd_client_port': 2379,
+    'etcd_peer_port': 2380,
+    'etcd_mooncake_client_port': 2479,
+    'etcd_cert_dir': '/etc/etcd/pki',
     'mooncake_master_metrics_port': 9003,
     'mooncake_master_rpc_port': 50051,
     'vllm_router_port': 8000,
@@ -36,8 +54,10 @@ def in_group(host, group):
     return hvars(host)['inventory_hostname'] in groups(host).get(group, [])
 
 
-def curl_json(host, url, data=None, timeout=120):
+def curl_json(host, url, data=None, timeout=120, headers=None):
     cmd = "curl -sS --fail-with-body -m %d -H 'Content-Type: application/json' %s" % (timeout, url)
+    for h in headers or []:
+        cmd += ' -H %s' % shlex.quote(h)
     if data is not None:
         cmd += " -d '%s'" % json.dumps(data).replace("'", "'\\''")
     out = host.check_output(cmd)
@@ -90,3 +110,52 @@ def other_host(request, name):
 def host_ip(h):
     v = hvars(h)
     return v['common_host_ip']
+
+
+def read_root_file(h, path):
+    """A root-only file: read directly when connected as root (the docker lab), else through sudo."""
+    if h.check_output('id -u') == '0':
+        return h.file(path).content_string
+    with h.sudo():
+        return h.file(path).content_string
+
+
+def router_auth_headers(h):
+    """["Authorization: Bearer <key>"] from the router host's 0600 key file; [] when no key is deployed."""
+    path = '/etc/vllm-router/api-key.env'
+    if h.check_output('id -u') == '0':
+        exists = h.file(path).exists
+    else:
+        with h.sudo():
+            exists = h.file(path).exists
+    if not exists:
+        return []
+    for line in read_root_file(h, path).splitlines():
+        if line.startswith('VLLM_ROUTER_API_KEY='):
+            return ['Authorization: Bearer %s' % line.split('=', 1)[1].strip()]
+    raise AssertionError('no VLLM_ROUTER_API_KEY in %s' % path)
+
+
+def deployed_etcd_env(h):
+    """ETCD_* settings the member really runs with (its env file), not the inventory's."""
+    out = {}
+    for line in read_root_file(h, '/etc/etcd/etcd.env').splitlines():
+        if line.startswith('ETCD_'):
+            k, _, val = line.partition('=')
+            out[k] = val
+    return out
+
+
+def etcdctl(h, endpoints=None):
+    """etcdctl command prefix for the deployed member: https with the CA bundle and the role's client
+    certificate when the member has TLS on, plain http otherwise."""
+    env = deployed_etcd_env(h)
+    endpoints = endpoints or env['ETCD_ADVERTISE_CLIENT_URLS']
+    cmd = 'etcdctl --endpoints=%s' % endpoints
+    if 'ETCD_CERT_FILE' in env:
+        v = hvars(h)
+        cmd += ' --cacert=%s --cert=%s --key=%s' % (
+            env['ETCD_TRUSTED_CA_FILE'],
+            v.get('etcd_tls_client_cert_file', v['etcd_cert_dir'] + '/client.crt'),
+            v.get('etcd_tls_client_key_file', v['etcd_cert_dir'] + '/client.key'))
+    return cmd

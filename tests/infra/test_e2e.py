@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from conftest import curl_json, deployed_kv_config, groups, hvars, in_group, metric_value, other_host, wait_until
+from conftest import curl_json, deployed_kv_config, router_auth_headers, groups, hvars, in_group, metric_value, other_host, wait_until
 
 # Over 256 tokens with any tokenizer: KV moves in whole blocks (128 tokens on CPU).
 # A fresh nonce leads every prompt: otherwise decode's prefix cache serves an earlier run's KV
@@ -42,19 +42,21 @@ def router(host):
     if not in_group(host, 'vllm_router'):
         pytest.skip('runs on the router host')
     v = hvars(host)
+    # The API key (when deployed) goes with every request, as clients send it.
+    v = dict(v, auth=router_auth_headers(host))
     return host, 'http://127.0.0.1:%s' % v['vllm_router_port'], v
 
 
-def model_name(host, base):
-    return curl_json(host, base + '/v1/models')['data'][0]['id']
+def model_name(host, base, v):
+    return curl_json(host, base + '/v1/models', headers=v['auth'])['data'][0]['id']
 
 
 def test_completion_kv_arrives_by_transfer(router, request):
     host, base, v = router
-    model = model_name(host, base)
+    model = model_name(host, base, v)
     ext0, local0 = decode_counters(request, host)
     res = curl_json(host, base + '/v1/completions',
-                    {'model': model, 'prompt': prompt(), 'max_tokens': 8, 'temperature': 0})
+                    {'model': model, 'prompt': prompt(), 'max_tokens': 8, 'temperature': 0}, headers=v['auth'])
     assert res['usage']['prompt_tokens'] > 256, res['usage']
     assert res['choices'][0]['text'] != '' or res['usage']['completion_tokens'] > 0
     # Counters are published a moment after the response: poll briefly until the transfer shows.
@@ -75,12 +77,13 @@ def test_completion_kv_arrives_by_transfer(router, request):
 
 def test_streaming_chat_completion(router, request):
     host, base, v = router
-    model = model_name(host, base)
+    model = model_name(host, base, v)
     ext0, _ = decode_counters(request, host)
     body = json.dumps({'model': model, 'stream': True, 'max_tokens': 8, 'temperature': 0,
                        'messages': [{'role': 'user', 'content': prompt()}]}).replace("'", "'\\''")
-    out = host.check_output("curl -sS -N --fail-with-body -m 120 -H 'Content-Type: application/json' "
-                            "%s/v1/chat/completions -d '%s'" % (base, body))
+    auth = ''.join(" -H '%s'" % h for h in v['auth'])
+    out = host.check_output("curl -sS -N --fail-with-body -m 120 -H 'Content-Type: application/json'%s "
+                            "%s/v1/chat/completions -d '%s'" % (auth, base, body))
     events = [l[len('data: '):] for l in out.splitlines() if l.startswith('data: ')]
     assert events and events[-1] == '[DONE]', out[-500:]
     chunks = [json.loads(e) for e in events[:-1]]
@@ -101,3 +104,14 @@ def test_streaming_chat_completion(router, request):
         print('streamed chat (store mode): %d prompt tokens arrived at decode by KV transfer'
               % (decode_counters(request, host)[0] - ext0))
 
+
+
+def test_router_requires_api_key(router):
+    """With a key deployed (from Ansible Vault), a request without it is refused and one with it served."""
+    host, base, v = router
+    if not v['auth']:
+        pytest.skip('no API key deployed on the router (vllm_router_api_key empty)')
+    code = "curl -sS -m 30 -o /dev/null -w '%%{http_code}' %s/v1/models" % base
+    assert host.check_output(code) == '401'
+    assert host.check_output(code + " -H 'Authorization: Bearer wrong-key'") == '401'
+    assert host.check_output(code + " -H '%s'" % v['auth'][0]) == '200'

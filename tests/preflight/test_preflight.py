@@ -57,7 +57,9 @@ def apply_patch(inv, patch):
 def run_render(inv, render_dir):
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
                ANSIBLE_STDOUT_CALLBACK='ansible.builtin.json',
-               ANSIBLE_DEPRECATION_WARNINGS='0')
+               ANSIBLE_DEPRECATION_WARNINGS='0',
+               # the copied inventory/prod keeps its example vault (the router API key): TEST-ONLY password
+               ANSIBLE_VAULT_PASSWORD_FILE=str(REPO / 'tests' / 'fixtures' / 'vault-pass-TEST-ONLY'))
     cmd = [_ansible_playbook(), 'playbooks/render.yml', '-i', str(inv), '-e', 'render_dir=%s' % render_dir]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
