@@ -51,7 +51,7 @@ lab-destroy: venv
 	$(LAB_ENV) PD_LAB_SKIP_PREPARE=1 $(LAB) destroy
 
 # On a running lab (LAB ONLY vault password for the lab's router API key).
-LAB_PLAY := ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) ansible-playbook -i molecule/default/inventory
+LAB_PLAY := ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(abspath $(VENV))/bin/ansible-playbook -i molecule/default/inventory
 
 # playbooks/status.yml green, one unit stopped -> red and non-zero, unit back and serving.
 lab-status: venv

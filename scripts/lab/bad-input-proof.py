@@ -39,14 +39,18 @@ CASES = [
     ("malformed_size", {"mooncake_check_size": "4 gigs"}, "mooncake_check_size"),
     ("missing_model", {"vllm_model_src": "/nonexistent/model"}, "vllm_model_src"),
     ("port_collision", {"vllm_router_port": 2379}, "2379"),
+    # An impossible GPU split: TP 2 over 3 GPUs (on the cuda settings the lab's CPU build is swapped for).
     ("gpu_split_on_cuda", {"vllm_platform": "cuda", "vllm_package": "vllm", "vllm_version": "0.33.0",
                            "mooncake_package": "mooncake-transfer-engine-cuda13",
                            "mooncake_version": "0.3.14", "vllm_lab_cpu_device_guard": False,
-                           "vllm_host_gpu_count": 8},
-     "gpus"),
-    ("unknown_nic", {"vllm_instances": [{"name": "decode0", "port": 8200, "gpus": [],
-                                          "nics": ["mlx5_9"]}],
-                     "rdma_enabled": True, "mooncake_protocol": "rdma"}, "mlx5_9"),
+                           "vllm_host_gpu_count": 8,
+                           "vllm_instances": [{"name": "decode0", "port": 8200, "gpus": [0, 1, 2],
+                                               "tensor_parallel_size": 2, "nics": []}]},
+     "tensor_parallel_size=2"),
+    # A NIC the host does not have (the rdma role reads sysfs before it changes anything).
+    ("unknown_nic", {"vllm_instances": [{"name": "decode0", "port": 8200, "gpus": [], "nics": ["mlx5_9"]}],
+                     "rdma_enabled": True, "mooncake_protocol": "rdma", "rdma_install_packages": False,
+                     "rdma_load_modules": False, "rdma_apply_sysctl": False}, "mlx5_9"),
 ]
 # An even etcd member count needs a different group, so it is an extra inventory source.
 EVEN_ETCD = "[etcd]\nprefill1\n"
@@ -129,8 +133,9 @@ def main(argv=None):
         res = playbook(inv, *extra)
         out = res.stdout + res.stderr
         task = failed_task(out) or ""
-        # Refused = non-zero exit, the first failure is a preflight task, and it names the input.
-        ok = res.returncode != 0 and "Preflight |" in task and needle in out
+        # Refused = non-zero exit, the first failure is a preflight (or the read-only NIC selection)
+        # task, and it names the input.
+        ok = res.returncode != 0 and re.search(r"(Preflight|Select) \|", task) is not None and needle in out
         msg = next((ln.strip() for ln in out.splitlines() if "Fix:" in ln or "msg:" in ln), "")[:240]
         rows.append({"case": cid, "rc": res.returncode, "failed_task": task, "refused": ok,
                      "seconds": round(time.monotonic() - t0, 1), "message": msg})
