@@ -31,6 +31,13 @@ def test_summarize_and_ratios_in_milliseconds():
     assert ro.ratios(router, direct) == {"p50": 1.02, "p99": 1.0298, "mean": 1.02}
 
 
+def test_paired_delta_is_the_median_of_round_differences():
+    # a load spike in round 3 hits both paths; the paired median ignores it
+    router = [0.110, 0.111, 2.000, 0.112]
+    direct = [0.100, 0.100, 1.990, 0.101]
+    assert ro.paired_delta_ms(router, direct) == pytest.approx(10.5)
+
+
 def test_parse_prefill_derives_the_bootstrap_address_from_the_url_host():
     assert ro.parse_prefill("http://10.0.0.1:8100=8998") == ("http://10.0.0.1:8100", "http://10.0.0.1:8998")
     with pytest.raises(ValueError):
