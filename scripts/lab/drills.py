@@ -150,7 +150,7 @@ def main(argv=None):
     stop = Path(tempfile.mkdtemp()) / "stop"
     load_out = stop.with_name("load.json")
     loader = subprocess.Popen([sys.executable, str(HERE / "load.py"), "--url", args.router_url,
-                               "--model", args.model, "--workers", "1", "--pause", "0.5",
+                               "--model", args.model, "--workers", "1", "--pause", "0.5", "--duration", "3600",
                                "--stop-file", str(stop), "--out", str(load_out)],
                               env={**os.environ, "PD_ROUTER_API_KEY": args.api_key})
     results, problems = [], []

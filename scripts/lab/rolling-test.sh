@@ -18,7 +18,7 @@ pids() { for hi in "${instances[@]}"; do docker exec "${hi%%:*}" systemctl show 
 before=$(pids)
 
 stop=$(mktemp -u)
-"$py" "$here/load.py" --url "$router" --model tiny-llama --workers 2 --pause 0.2 \
+"$py" "$here/load.py" --url "$router" --model tiny-llama --workers 2 --pause 0.2 --duration 3600 \
   --stop-file "$stop" --out "$out/rolling-load.json" &
 loader=$!
 sleep 5
