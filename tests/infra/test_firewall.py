@@ -87,6 +87,8 @@ def protected_ports(host):
     ports = []
     if in_group(host, 'etcd'):
         ports += [(v['etcd_client_port'], 'etcd client'), (v['etcd_peer_port'], 'etcd peer')]
+        # etcd's plain listener for Mooncake (only while etcd TLS is on; probed only where it listens).
+        ports.append((v.get('etcd_mooncake_client_port', 2479), 'etcd plain client for Mooncake'))
     if in_group(host, 'mooncake_master'):
         ports += [(v['mooncake_master_rpc_port'], 'master RPC'), (v['mooncake_master_metrics_port'], 'master metrics'),
                   (v['mooncake_master_http_metadata_port'], 'master HTTP metadata')]
