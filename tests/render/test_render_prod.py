@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, ansible_bin, command_line, expand_exec, parse_env_file, unit_exec_start
+from conftest import REPO, VAULT_PASS_TEST_ONLY, ansible_bin, command_line, expand_exec, parse_env_file, unit_exec_start
 
 # Exposure thresholds for `systemd-analyze security --offline=true` (0 = locked down, 10 = unsafe).
 # vLLM gets more room: CUDA/torch JIT needs writable-executable memory, and it needs GPU/RDMA devices.
@@ -19,7 +19,8 @@ EXPOSURE_MAX = {'default': 4.5, 'vllm@.service': 6.0, 'pd-bundle-firewall.servic
 @pytest.fixture(scope='module')
 def inventory():
     res = subprocess.run([ansible_bin('ansible-inventory'), '-i', str(REPO / 'inventory' / 'prod'), '--list'],
-                         cwd=REPO, capture_output=True, text=True, check=True)
+                         cwd=REPO, capture_output=True, text=True, check=True,
+                         env=dict(os.environ, ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASS_TEST_ONLY)))
     data = json.loads(res.stdout)
     groups = {g: v.get('hosts', []) for g, v in data.items() if isinstance(v, dict)}
     return groups, data['_meta']['hostvars']
@@ -99,18 +100,25 @@ def test_master_ha_and_etcd_cluster(prod_render, inventory):
     for h in groups['mooncake_master']:
         args = parse_env_file(prod_render / h / 'etc/mooncake/master.env')['MOONCAKE_MASTER_ARGS'].split()
         assert '--enable_ha=true' in args
-        assert '--etcd_endpoints=' + ';'.join('%s:2379' % ip for ip in etcd_ips) in args
+        # etcd has TLS in prod: Mooncake (no TLS client settings) uses etcd's plain listener 2479.
+        assert '--etcd_endpoints=' + ';'.join('%s:2479' % ip for ip in etcd_ips) in args
         assert '--rpc_address=%s' % hv[h]['ansible_host'] in args
     for h in groups['etcd']:
         env = parse_env_file(prod_render / h / 'etc/etcd/etcd.env')
+        ip = hv[h]['ansible_host']
         assert env['ETCD_INITIAL_CLUSTER'] == ','.join(
-            '%s=http://%s:2380' % (m, hv[m]['ansible_host']) for m in groups['etcd'])
+            '%s=https://%s:2380' % (m, hv[m]['ansible_host']) for m in groups['etcd'])
+        assert env['ETCD_LISTEN_CLIENT_URLS'].split(',') == [
+            'https://%s:2379' % ip, 'https://127.0.0.1:2379', 'http://%s:2479' % ip]
+        assert env['ETCD_ADVERTISE_CLIENT_URLS'] == 'https://%s:2379' % ip
+        assert env['ETCD_CLIENT_CERT_AUTH'] == 'true' and env['ETCD_PEER_CLIENT_CERT_AUTH'] == 'true'
+        assert env['ETCD_PEER_CERT_FILE'] == '/etc/etcd/pki/%s.crt' % h
 
 
 def test_store_mode_mooncake_json(store_render, inventory):
     groups, hv = inventory
     first_master_ip = hv[groups['mooncake_master'][0]]['ansible_host']
-    etcd = ';'.join('%s:2379' % hv[h]['ansible_host'] for h in groups['etcd'])
+    etcd = ';'.join('%s:2479' % hv[h]['ansible_host'] for h in groups['etcd'])  # etcd's plain Mooncake listener
     for group, role in (('vllm_prefill', 'kv_producer'), ('vllm_decode', 'kv_consumer')):
         for host, inst in instances(inventory, group):
             path = store_render / host / 'etc/vllm' / ('%s.mooncake.json' % inst['name'])
