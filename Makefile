@@ -62,7 +62,7 @@ lab-status: venv
 # The 1.05 router-overhead goal is for real clusters: the shared 2-core lab's noise is larger than that
 # (docs/operations.md); in the lab the check only catches a router that adds a quarter or more.
 LAB_RO_MAX_RATIO ?= 1.25
-LAB_BENCH_VARS ?= {"benchmark_input_lens":[128,512,1024,1536],"benchmark_num_prompts":6,"benchmark_max_concurrency":2,"benchmark_output_len":16}
+LAB_BENCH_VARS ?= {"benchmark_input_lens":[128,512,1536],"benchmark_num_prompts":6,"benchmark_max_concurrency":2,"benchmark_output_len":16}
 lab-bench: venv
 	$(LAB_PLAY) playbooks/benchmark.yml -e '$(LAB_BENCH_VARS)'
 	$(LAB_PLAY) playbooks/router-overhead.yml -e router_overhead_requests=20 -e router_overhead_max_ratio=$(LAB_RO_MAX_RATIO)
