@@ -18,15 +18,19 @@ pids() { for hi in "${instances[@]}"; do docker exec "${hi%%:*}" systemctl show 
 before=$(pids)
 
 stop=$(mktemp -u)
-"$py" "$here/load.py" --url "$router" --model tiny-llama --workers 2 --pause 0.2 --duration 3600 \
+"$py" "$here/load.py" --url "$router" --model tiny-llama --workers 1 --pause 0.5 --duration 3600 \
   --stop-file "$stop" --out "$out/rolling-load.json" &
 loader=$!
 sleep 5
 start=$(date +%s)
-# The "upgrade": one more engine argument on every instance (-e wins over the inventory).
+# The "upgrade": an engine argument changed on every instance (-e wins over the inventory); the
+# value differs from whatever the instances run now, so every run really restarts them.
+seqs=32
+docker exec decode1 grep -q -- "--max-num-seqs 32" /etc/vllm/decode0.env && seqs=48
+echo "[rolling] changing --max-num-seqs to $seqs on every instance"
 rc=0
 "$repo/.venv/bin/ansible-playbook" -i "$inv" "$repo/playbooks/vllm.yml" \
-  -e '{"vllm_extra_args": ["--enforce-eager", "--max-num-seqs", "32"]}' > "$out/rolling-playbook.log" 2>&1 || rc=$?
+  -e "{\"vllm_extra_args\": [\"--enforce-eager\", \"--max-num-seqs\", \"$seqs\"]}" > "$out/rolling-playbook.log" 2>&1 || rc=$?
 took=$(( $(date +%s) - start ))
 sleep 5
 touch "$stop"; wait "$loader" || true
