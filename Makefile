@@ -59,9 +59,10 @@ lab-status: venv
 
 # The benchmark with the tiny model and short lengths (a few minutes), then the router overhead.
 # Lab numbers say nothing about GPUs.
-# The 1.05 router-overhead goal is for real clusters: the shared 2-core lab's noise is larger than that
-# (docs/operations.md); in the lab the check only catches a router that adds a quarter or more.
-LAB_RO_MAX_RATIO ?= 1.25
+# The 1.05 router-overhead goal is for real clusters: on the 2-core lab, four CPU vLLM servers and the
+# client share the cores, and run-to-run noise is larger than the goal (docs/operations.md). The lab
+# reports the ratio; its bound only catches a router that doubles latency.
+LAB_RO_MAX_RATIO ?= 2.0
 LAB_BENCH_VARS ?= {"benchmark_input_lens":[128,512,1536],"benchmark_num_prompts":6,"benchmark_max_concurrency":2,"benchmark_output_len":16}
 lab-bench: venv
 	$(LAB_PLAY) playbooks/benchmark.yml -e '$(LAB_BENCH_VARS)'

@@ -33,12 +33,14 @@ UNITS = "etcd.service mooncake-master.service vllm-router.service 'vllm@*.servic
 # (id, extra vars, a substring the failure must contain). Extra vars override the lab inventory.
 CASES = [
     ("wrong_type_port", {"vllm_router_port": "80a"}, "vllm_router_port"),
-    ("wrong_type_bool", {"vllm_lab_cpu_device_guard": "maybe"}, "vllm_lab_cpu_device_guard"),
+    ("wrong_type_bool", {"mooncake_master_http_metadata_server": "sometimes"},
+     "mooncake_master_http_metadata_server"),
     ("unknown_connector", {"vllm_kv_connector": "NixlConnector"}, "vllm_kv_connector"),
     ("unknown_protocol", {"mooncake_protocol": "roce"}, "mooncake_protocol"),
     ("malformed_size", {"mooncake_check_size": "4 gigs"}, "mooncake_check_size"),
     ("missing_model", {"vllm_model_src": "/nonexistent/model"}, "vllm_model_src"),
-    ("port_collision", {"vllm_router_port": 2379}, "2379"),
+    # etcd and the master share etcd1/etcd2: the same port for both.
+    ("port_collision", {"etcd_client_port": 9003}, "Port collision"),
     # An impossible GPU split: TP 2 over 3 GPUs (on the cuda settings the lab's CPU build is swapped for).
     ("gpu_split_on_cuda", {"vllm_platform": "cuda", "vllm_package": "vllm", "vllm_version": "0.33.0",
                            "mooncake_package": "mooncake-transfer-engine-cuda13",
@@ -46,7 +48,7 @@ CASES = [
                            "vllm_host_gpu_count": 8,
                            "vllm_instances": [{"name": "decode0", "port": 8200, "gpus": [0, 1, 2],
                                                "tensor_parallel_size": 2, "nics": []}]},
-     "tensor_parallel_size=2"),
+     "tensor_parallel_size"),
     # A NIC the host does not have (the rdma role reads sysfs before it changes anything).
     ("unknown_nic", {"vllm_instances": [{"name": "decode0", "port": 8200, "gpus": [], "nics": ["mlx5_9"]}],
                      "rdma_enabled": True, "mooncake_protocol": "rdma", "rdma_install_packages": False,

@@ -49,6 +49,13 @@ def http_get(host, url, timeout=3):
     return res.stdout if res.returncode == 0 else None
 
 
+def ip_of(host):
+    """The container's address on the lab network (the master binds its metrics port there)."""
+    res = subprocess.run([DOCKER, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                          host], capture_output=True, text=True, timeout=30, check=True)
+    return res.stdout.strip()
+
+
 def unit_state(host, unit):
     out = sh(host, "systemctl", "show", "-p", "ActiveState", "-p", "MainPID", "-p", "NRestarts", unit).stdout
     return dict(line.split("=", 1) for line in out.split())
@@ -96,7 +103,7 @@ class Lab:
     def master_roles(self):
         roles = {}
         for host in self.args.masters:
-            out = http_get(host, f"http://127.0.0.1:{self.args.master_metrics_port}/health")
+            out = http_get(host, f"http://{ip_of(host)}:{self.args.master_metrics_port}/health")
             roles[host] = json.loads(out).get("role", "?") if out else "down"
         return roles
 
