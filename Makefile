@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lint unit render-test preflight-test static test lab lab-verify lab-destroy lab-status lab-bench molecule-test rdma-test clean
+.PHONY: venv lint unit render-test preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-drills lab-rolling molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -67,6 +67,14 @@ LAB_BENCH_VARS ?= {"benchmark_input_lens":[128,512,1536],"benchmark_num_prompts"
 lab-bench: venv
 	$(LAB_PLAY) playbooks/benchmark.yml -e '$(LAB_BENCH_VARS)'
 	$(LAB_PLAY) playbooks/router-overhead.yml -e router_overhead_requests=20 -e router_overhead_max_ratio=$(LAB_RO_MAX_RATIO)
+
+# Fault drills (kill -9 of every service kind, an etcd member down, master failover) and the rolling
+# upgrade under load, on a lab from `make lab`.
+lab-drills: venv
+	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/drills.py --out lab-results/drills.json
+
+lab-rolling: venv
+	ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) scripts/lab/rolling-test.sh $(CURDIR)/lab-results
 
 # The full lab sequence (create, converge, idempotence, verify, destroy), each step timed.
 molecule-test: venv

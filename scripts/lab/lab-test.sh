@@ -34,7 +34,10 @@ steps+=(converge idempotence verify)
 #   bench     benchmark.yml (PD vs colocated, CSV + PNG) and the router overhead (p50/p99)
 # and finally switches to store mode (MooncakeStoreConnector) with a rolling re-converge and runs
 # verify again: the same checks, with what store mode can show.
-[[ "$scenario" == default ]] && steps+=(rerun proof status drills rolling bench converge-store verify-store)
+# status, drills, rolling and bench also run on a lab from `make lab` (make lab-status, lab-drills,
+# lab-rolling, lab-bench); PD_LAB_EXTRA_STEPS="status drills rolling bench" adds them here.
+# shellcheck disable=SC2206
+[[ "$scenario" == default ]] && steps+=(rerun proof ${PD_LAB_EXTRA_STEPS:-} converge-store verify-store)
 results=${PD_LAB_RESULTS:-$repo/lab-results}
 mkdir -p "$results"
 inv=$repo/molecule/default/inventory
