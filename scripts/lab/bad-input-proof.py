@@ -153,49 +153,36 @@ def main(argv=None):
     changes = diff(before, after)
     if changes:
         problems.append("hosts changed after refused runs:\n  " + "\n  ".join(changes))
+    report = {"cases": rows, "unchanged_after_refusals": not changes, "problems": problems}
 
-    if not args.check_diff:
-        report = {"cases": rows, "unchanged_after_refusals": not diff(before, after), "problems": problems}
-        Path(args.out).write_text(json.dumps(report, indent=2))
-        print(f"{'bad input':22} {'refused':8} {'s':>6}  failing task")
-        for r in rows:
-            print(f"{r['case']:22} {str(r['refused']):8} {r['seconds']:>6}  {r['failed_task']}")
-        n_files = sum(len(s["files"].splitlines()) for s in before.values())
-        print(f"managed files checksummed: {n_files} on {len(before)} hosts; unit states and PIDs recorded; "
-              f"identical after the refused runs: {report['unchanged_after_refusals']}")
-        for p in problems:
-            print(f"PROOF FAILED: {p}", file=sys.stderr)
-        return 1 if problems else 0
+    if args.check_diff:
+        t0 = time.monotonic()
+        res = playbook([args.inventory], check=True)
+        out = res.stdout + res.stderr
+        rc = recap(out)
+        changed = {h: r.get("changed", -1) for h, r in rc.items()}
+        check_ok = res.returncode == 0 and rc and all(v == 0 for v in changed.values())
+        if not check_ok:
+            problems.append(f"--check --diff: rc={res.returncode}, changed per host {changed}\n{out[-3000:]}")
+        changes = diff(after, snapshot(args.hosts))
+        if changes:
+            problems.append("hosts changed after --check:\n  " + "\n  ".join(changes))
+        report["check_diff"] = {"rc": res.returncode, "changed": changed,
+                                "seconds": round(time.monotonic() - t0, 1)}
 
-    t0 = time.monotonic()
-    res = playbook([args.inventory], check=True)
-    out = res.stdout + res.stderr
-    rc = recap(out)
-    changed = {h: r.get("changed", -1) for h, r in rc.items()}
-    check_ok = res.returncode == 0 and rc and all(v == 0 for v in changed.values())
-    if not check_ok:
-        problems.append(f"--check --diff: rc={res.returncode}, changed per host {changed}\n{out[-3000:]}")
-    final = snapshot(args.hosts)
-    changes = diff(after, final)
-    if changes:
-        problems.append("hosts changed after --check:\n  " + "\n  ".join(changes))
-
-    report = {"cases": rows, "unchanged_after_refusals": not diff(before, after),
-              "check_diff": {"rc": res.returncode, "changed": changed,
-                             "seconds": round(time.monotonic() - t0, 1)},
-              "problems": problems}
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"{'bad input':22} {'refused':8} {'s':>6}  failing task")
     for r in rows:
         print(f"{r['case']:22} {str(r['refused']):8} {r['seconds']:>6}  {r['failed_task']}")
     n_files = sum(len(s["files"].splitlines()) for s in before.values())
-    print(f"managed files checksummed: {n_files} on {len(before)} hosts; identical after the refused runs: "
-          f"{report['unchanged_after_refusals']}")
-    print(f"--check --diff on the converged lab: rc={res.returncode}, changed={changed}")
+    print(f"managed files checksummed: {n_files} on {len(before)} hosts; unit states and PIDs recorded; "
+          f"identical after the refused runs: {report['unchanged_after_refusals']}")
+    if "check_diff" in report:
+        print(f"--check --diff on the converged lab: rc={report['check_diff']['rc']}, "
+              f"changed={report['check_diff']['changed']}")
     for p in problems:
         print(f"PROOF FAILED: {p}", file=sys.stderr)
     return 1 if problems else 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
