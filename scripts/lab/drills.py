@@ -32,7 +32,7 @@ import load  # noqa: E402  (scripts/lab/load.py)
 DOCKER = os.environ.get("DOCKER", "docker")
 
 
-def sh(host, *cmd, check=True, timeout=60):
+def sh(host, *cmd, check=True, timeout=180):
     """Run a command in a lab container."""
     res = subprocess.run([DOCKER, "exec", host, *cmd], capture_output=True, text=True, timeout=timeout)
     if check and res.returncode != 0:
