@@ -229,8 +229,13 @@ def test_firewall_rulesets_load_and_protect(prod_render, inventory):
         if h in groups['mooncake_master'] + groups['vllm_prefill'] + groups['vllm_decode']:
             want += [15000, 16000, 17000, 18800]
         for g in ('vllm_prefill', 'vllm_decode'):
-            for i in (hv[h]['vllm_instances'] if h in groups[g] else []):
-                want += [i['port']] + ([i['bootstrap_port'], 49152, 65535] if g == 'vllm_prefill' else [])
+            for n, i in enumerate(hv[h]['vllm_instances'] if h in groups[g] else []):
+                # Prefill side channels: pinned, 16 ports apart per instance, one per TP rank.
+                sc = [18100 + 16 * n, 18100 + 16 * n + i['tensor_parallel_size'] - 1]
+                want += [i['port']] + ([i['bootstrap_port']] + sc if g == 'vllm_prefill' else [])
+        if h in groups['vllm_prefill']:
+            assert not _in(49152, tcp) and not _in(18100 + 16 * len(hv[h]['vllm_instances']), tcp), \
+                'only the pinned side-channel ports are opened on %s' % h
         if h in groups['vllm_router']:
             want += [29000]
             assert _in(8000, sets['public_tcp']) and not _in(8000, tcp), 'the router port stays public'

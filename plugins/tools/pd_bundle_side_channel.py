@@ -1,0 +1,61 @@
+"""Pin the prefill's Mooncake side-channel port (installed as sitecustomize for vLLM units only).
+
+Why: vLLM's MooncakeConnector binds each prefill worker's ZMQ side channel with
+bind_to_random_port, and every decode caches that address per remote engine_id for the life of
+its process. A restarted prefill (rolling restart, crash) comes back on another random port, and
+each decode then sends its pulls to the dead port until it is restarted itself: every request
+routed through the restarted prefill fails after the pull timeout. With PD_BUNDLE_SIDE_CHANNEL_PORT
+set, the worker binds the first free port from there (base + rank order), so the restarted prefill
+answers on the address the decodes already know, and the firewall can name the ports.
+
+Only the Mooncake connector calls bind_to_random_port in vLLM 0.32/0.33; any other caller, or a
+pinned range that is all taken, falls back to pyzmq's own random choice.
+"""
+import os
+import sys
+
+ENV = "PD_BUNDLE_SIDE_CHANNEL_PORT"
+SPAN_ENV = "PD_BUNDLE_SIDE_CHANNEL_SPAN"
+
+
+def pinned_ports(environ=os.environ):
+    """The ports to try, in order, or [] when pinning is off or misconfigured."""
+    try:
+        base = int(environ.get(ENV, ""))
+        span = int(environ.get(SPAN_ENV, "8"))
+    except ValueError:
+        return []
+    if not 1024 <= base <= 65535 or span < 1:
+        return []
+    return list(range(base, min(base + span, 65536)))
+
+
+def install(zmq_module=None, environ=os.environ):
+    """Wrap Socket.bind_to_random_port; returns True when installed."""
+    ports = pinned_ports(environ)
+    if not ports:
+        return False
+    if zmq_module is None:
+        try:
+            import zmq as zmq_module  # noqa: PLC0415 - only when pinning is asked for
+        except ImportError:
+            return False
+    original = zmq_module.Socket.bind_to_random_port
+
+    def bind_to_random_port(self, addr, *args, **kwargs):
+        for port in ports:
+            try:
+                self.bind("%s:%d" % (addr, port))
+            except zmq_module.ZMQError:
+                continue
+            return port
+        port = original(self, addr, *args, **kwargs)
+        print("pd-bundle: side-channel ports %d-%d all taken, bound %d at random (the firewall may block it)"
+              % (ports[0], ports[-1], port), file=sys.stderr)
+        return port
+
+    zmq_module.Socket.bind_to_random_port = bind_to_random_port
+    return True
+
+
+install()

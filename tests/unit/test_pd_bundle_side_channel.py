@@ -1,0 +1,72 @@
+"""The side-channel pin: a restarted prefill binds the same port, so decodes' cached address works."""
+import importlib.util
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "plugins" / "tools" / "pd_bundle_side_channel.py"
+spec = importlib.util.spec_from_file_location("pd_bundle_side_channel", SRC)
+sc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sc)
+
+
+class FakeZmq:
+    """A socket namespace where some ports are taken (recorded binds, no network)."""
+
+    class ZMQError(Exception):
+        pass
+
+    taken = set()
+
+    class Socket:
+        def __init__(self):
+            self.bound = []
+
+        def bind(self, addr):
+            port = int(addr.rsplit(":", 1)[1])
+            if port in FakeZmq.taken:
+                raise FakeZmq.ZMQError("Address already in use")
+            FakeZmq.taken.add(port)
+            self.bound.append(addr)
+
+        def bind_to_random_port(self, addr, min_port=49152, max_port=65536, max_tries=100):
+            self.bind("%s:%d" % (addr, 55555))
+            return 55555
+
+
+def fresh_zmq():
+    class Z(FakeZmq):
+        taken = set()
+
+        class Socket(FakeZmq.Socket):
+            pass
+    FakeZmq.taken = Z.taken
+    return Z
+
+
+def test_off_without_the_variable():
+    assert sc.pinned_ports({}) == []
+    assert sc.install(fresh_zmq(), {}) is False
+
+
+def test_bad_values_leave_pyzmq_alone():
+    assert sc.pinned_ports({sc.ENV: "abc"}) == []
+    assert sc.pinned_ports({sc.ENV: "80"}) == []
+    assert sc.pinned_ports({sc.ENV: "9000", sc.SPAN_ENV: "0"}) == []
+
+
+def test_range_is_capped_at_65535():
+    assert sc.pinned_ports({sc.ENV: "65534", sc.SPAN_ENV: "8"}) == [65534, 65535]
+
+
+def test_same_port_after_a_restart():
+    z = fresh_zmq()
+    assert sc.install(z, {sc.ENV: "9100", sc.SPAN_ENV: "4"})
+    first = z.Socket().bind_to_random_port("tcp://10.0.0.1")
+    assert first == 9100
+    FakeZmq.taken.discard(first)  # the process died: its port is free again
+    assert z.Socket().bind_to_random_port("tcp://10.0.0.1") == 9100
+
+
+def test_second_rank_takes_the_next_port_and_full_range_falls_back():
+    z = fresh_zmq()
+    sc.install(z, {sc.ENV: "9100", sc.SPAN_ENV: "2"})
+    assert [z.Socket().bind_to_random_port("tcp://h") for _ in range(3)] == [9100, 9101, 55555]
