@@ -34,12 +34,13 @@ steps+=(converge idempotence verify)
 #   bench     benchmark.yml (PD vs colocated, CSV + PNG) and the router overhead (p50/p99)
 # and finally switches to store mode (MooncakeStoreConnector) with a rolling re-converge and runs
 # verify again: the same checks, with what store mode can show.
-# status, drills, rolling and bench also run on a lab from `make lab` (make lab-status, lab-drills,
-# lab-rolling, lab-bench); PD_LAB_EXTRA_STEPS="status drills rolling bench" adds them here.
-# Store mode (converge-store verify-store) is out of the default sequence until its end-to-end test
-# passes again with etcd TLS and the firewall on (it failed once); PD_LAB_EXTRA_STEPS adds it back.
+# CI runs rerun, proof, status, drills and rolling. bench (a few minutes, numbers that say nothing
+# about GPUs) is `make lab-bench` on a lab from `make lab`, like make lab-status, lab-drills and
+# lab-rolling. Store mode (converge-store verify-store) is out of the default sequence until its
+# end-to-end test passes again with etcd TLS and the firewall on (it failed once).
+# PD_LAB_EXTRA_STEPS adds steps, e.g. "bench converge-store verify-store".
 # shellcheck disable=SC2206
-[[ "$scenario" == default ]] && steps+=(rerun proof ${PD_LAB_EXTRA_STEPS:-})
+[[ "$scenario" == default ]] && steps+=(rerun proof status drills rolling ${PD_LAB_EXTRA_STEPS:-})
 results=${PD_LAB_RESULTS:-$repo/lab-results}
 mkdir -p "$results"
 inv=$repo/molecule/default/inventory
