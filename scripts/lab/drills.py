@@ -150,8 +150,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     lab = Lab(args)
 
-    if not lab.router_ok_n():
-        print("drills: the router does not serve before any fault; is the lab converged?", file=sys.stderr)
+    # A step before (a unit just restarted, its first requests slow on CPU) may still be settling.
+    if wait_for(lab.router_ok_n, 300, step=5) is None:
+        print("drills: the router does not serve 3 requests in a row within 300 s before any fault; "
+              "is the lab converged?", file=sys.stderr)
         return 2
 
     stop = Path(tempfile.mkdtemp()) / "stop"

@@ -14,6 +14,19 @@ inv=$repo/molecule/default/inventory
 router=${PD_LAB_ROUTER_URL:-http://172.30.0.41:8000}
 instances=(prefill1:prefill0 prefill1:prefill1 decode1:decode0 decode2:decode0)
 
+# Start from a serving lab: 3 requests in a row through the router (a step before may still settle).
+PD_HERE=$here "$py" - "$router" <<'PY' || { echo "[rolling] the router does not serve before the upgrade" >&2; exit 1; }
+import os, sys, time
+sys.path.insert(0, os.environ["PD_HERE"])
+import load
+key = os.environ.get("PD_ROUTER_API_KEY", "")
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    if all(load.one_request(sys.argv[1], "tiny-llama", "warm up " * 40, 4, 30, key)[0] for _ in range(3)):
+        sys.exit(0)
+    time.sleep(5)
+sys.exit(1)
+PY
 pids() { for hi in "${instances[@]}"; do docker exec "${hi%%:*}" systemctl show -p MainPID --value "vllm@${hi##*:}"; done; }
 before=$(pids)
 
