@@ -3,6 +3,10 @@
 - host_ip:            a host's cluster-facing IP from hostvars (common_host_ip > ansible_host > name)
 - size_bytes:         '4gb', '512MiB', '1 GB', 1073741824 -> int bytes (Mooncake accepts the same units)
 - mooncake_store_cfg: map the seed's older mooncake.json field names onto the current ones
+- vllm_tp:            an instance's tensor-parallel size (tensor_parallel_size, else one per GPU, at least 1)
+- vllm_side_channel_ports: the MooncakeConnector side-channel ports pinned for a prefill instance
+  (side_channel_port, else base + 16 x its index; one port per TP rank). The env file, preflight's
+  collision table and the firewall all use this one definition.
 """
 import re
 
@@ -71,6 +75,26 @@ def host_ip(host, hostvars):
     return str(host)
 
 
+SIDE_CHANNEL_STRIDE = 16  # ports reserved per instance by the base formula (the largest TP per host)
+
+
+def vllm_tp(inst):
+    inst = inst or {}
+    if inst.get('tensor_parallel_size') is not None:
+        return int(inst['tensor_parallel_size'])
+    return max(len(inst.get('gpus') or []), 1)
+
+
+def vllm_side_channel_ports(inst, instances, base):
+    """Ports [first, first + TP) for inst, the instance at its position in instances."""
+    if inst.get('side_channel_port') is not None:
+        first = int(inst['side_channel_port'])
+    else:
+        names = [i.get('name') for i in instances]
+        first = int(base) + SIDE_CHANNEL_STRIDE * names.index(inst.get('name'))
+    return list(range(first, first + vllm_tp(inst)))
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -78,4 +102,6 @@ class FilterModule(object):
             'bundle_size_bytes': size_bytes,
             'bundle_is_size': is_size,
             'bundle_mooncake_store_cfg': mooncake_store_cfg,
+            'bundle_vllm_tp': vllm_tp,
+            'bundle_vllm_side_channel_ports': vllm_side_channel_ports,
         }

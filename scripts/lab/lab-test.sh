@@ -55,8 +55,12 @@ rerun() {
 }
 declare -A took
 rc=0
+# Each step's output goes to the terminal and to $results/step-<name>.log; the tail of a failed
+# step is printed again after the timing table, because CI keeps only the end of the output.
+failed_step=
 for step in "${steps[@]}"; do
   start=$(date +%s)
+  {
   case $step in
     converge-store) lab converge -- -e vllm_kv_connector=MooncakeStoreConnector ;;
     rerun) rerun ;;
@@ -67,7 +71,8 @@ for step in "${steps[@]}"; do
     bench) (cd "$repo" && make --no-print-directory lab-bench) ;;
     verify-store) lab verify ;;
     *) lab "$step" ;;
-  esac || { rc=1; echo "[lab-test] $scenario: $step FAILED" >&2; }
+  esac
+  } > >(tee "$results/step-$step.log") 2>&1 || { rc=1; failed_step=$step; echo "[lab-test] $scenario: $step FAILED" >&2; }
   took[$step]=$(( $(date +%s) - start ))
   ((rc)) && break
 done
@@ -83,4 +88,8 @@ if [[ -n "${took[converge]:-}" && -n "${took[rerun]:-}" ]]; then
   awk -v a="${took[rerun]}" -v b="${took[converge]}" 'BEGIN {printf "  re-run without verify (site.yml --skip-tags verify) / first converge = %d s / %d s = %.2f\n", a, b, a / b}'
 fi
 echo "  peak memory used on this machine: $(cat "$peak_file" 2>/dev/null || echo 0) MiB"
+if [[ -n "$failed_step" ]]; then
+  echo "[lab-test] $failed_step FAILED; the end of its output ($results/step-$failed_step.log):"
+  grep -v '^\s*$' "$results/step-$failed_step.log" | tail -15 | cut -c1-300 | sed 's/^/  | /'
+fi
 exit $rc

@@ -72,6 +72,12 @@ def test_kv_transfer_config(prod_render, inventory, group, role):
         assert 'MC_FORCE_TCP' not in env
         if role == 'kv_producer':
             assert env['VLLM_MOONCAKE_BOOTSTRAP_PORT'] == str(inst['bootstrap_port'])
+            # The side channel is pinned (decodes cache its address): base + 16 x index, one per rank.
+            n = inventory[1][host]['vllm_instances'].index(inst)
+            assert env['PD_BUNDLE_SIDE_CHANNEL_PORT'] == str(18100 + 16 * n)
+            assert env['PD_BUNDLE_SIDE_CHANNEL_SPAN'] == str(inst['tensor_parallel_size'])
+        else:
+            assert 'PD_BUNDLE_SIDE_CHANNEL_PORT' not in env
         print('%s %s: %s' % (host, inst['name'], command_line(argv)))
     assert len(engine_ids) == len(instances(inventory, group)), 'engine_id must be unique'
 
