@@ -22,7 +22,7 @@ import load
 key = os.environ.get("PD_ROUTER_API_KEY", "")
 deadline = time.monotonic() + 300
 while time.monotonic() < deadline:
-    if all(load.one_request(sys.argv[1], "tiny-llama", "warm up " * 40, 4, 30, key)[0] for _ in range(3)):
+    if all(load.one_request(sys.argv[1], "tiny-llama", "warm up " * 40, 4, 60, key)[0] for _ in range(3)):
         sys.exit(0)
     time.sleep(5)
 sys.exit(1)
@@ -55,13 +55,14 @@ after=$(pids)
 
 failed=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["failed"])' "$out/rolling-load.json")
 total=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["requests"])' "$out/rolling-load.json")
+lat=$("$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("latency p50 %s s, p99 %s s, max %s s, %d over 30 s" % (d["latency_p50_s"], d["latency_p99_s"], d["latency_max_s"], len(d["slow"])))' "$out/rolling-load.json")
 restarted=$(paste <(echo "$before") <(echo "$after") | awk '$1 != $2 && $2 != 0' | wc -l)
 recomputed=0
 for hi in decode1:decode0 decode2:decode0; do
   n=$(docker exec "${hi%%:*}" journalctl -u "vllm@${hi##*:}" --since "$since" --no-pager 2>/dev/null | grep -c 'pulling kv_caches for' || true)
   recomputed=$((recomputed + n))
 done
-echo "[rolling] playbook rc=$rc in ${took}s; instances restarted: $restarted/${#instances[@]}; requests through the router: $total, failed: $failed; KV pulls failed and recomputed on decode: $recomputed"
+echo "[rolling] playbook rc=$rc in ${took}s; instances restarted: $restarted/${#instances[@]}; requests through the router: $total, failed: $failed ($lat); KV pulls failed and recomputed on decode: $recomputed"
 grep -E "^(prefill|decode)[0-9]+ +:" "$out/rolling-playbook.log" || true
 if ((rc != 0)); then tail -40 "$out/rolling-playbook.log"; exit 1; fi
 ((restarted == ${#instances[@]})) || { echo "[rolling] FAILED: not every instance restarted" >&2; exit 1; }

@@ -23,6 +23,16 @@ def test_summarize_counts_failures():
     assert s["failures"] == [{"t": 1.26, "error": "HTTP 502"}]
 
 
+def test_summarize_latency_of_successes_and_slow_list():
+    recs = [{"t": float(i), "latency": 0.5 + i / 100, "ok": True, "error": ""} for i in range(99)]
+    recs += [{"t": 99.0, "latency": 45.0, "ok": True, "error": ""},
+             {"t": 100.0, "latency": 120.0, "ok": False, "error": "TimeoutError"}]
+    s = load.summarize(recs)
+    assert s["latency_p50_s"] == 1.0 and s["latency_max_s"] == 45.0
+    assert s["slow"] == [{"t": 99.0, "latency": 45.0}]
+    assert load.summarize([])["latency_p50_s"] is None
+
+
 def test_recap_and_failed_task():
     out = """TASK [preflight : Preflight | Ports are numbers] ****
 fatal: [router1]: FAILED! => changed=false
@@ -41,3 +51,22 @@ def test_snapshot_diff_names_host_and_kind():
     assert proof.diff(a, a) == []
     d = proof.diff(a, b)
     assert len(d) == 1 and d[0].startswith("h units") and "MainPID=2" in d[0]
+
+
+drills = _load("drills", "drills.py")
+
+
+def _kill(**kw):
+    r = {"drill": "kill -9 router", "host": "router1", "restarted_s": 5.0, "serving_s": 6.5,
+         "router_ok_s": 40.0, "serving_limit_s": 30}
+    r.update(kw)
+    return r
+
+
+def test_drill_problems_asserts_restart_serving_and_router_path():
+    assert drills.drill_problems(_kill(), 30, 180) == []  # 40 s end to end: over the goal, reported
+    assert "did not restart" in drills.drill_problems(_kill(restarted_s=None), 30, 180)[0]
+    assert "did not restart" in drills.drill_problems(_kill(restarted_s=31.0), 30, 180)[0]
+    assert "not serving within 30 s" in drills.drill_problems(_kill(serving_s=None), 30, 180)[0]
+    assert "not serving within 30 s" in drills.drill_problems(_kill(serving_s=30.5), 30, 180)[0]
+    assert "through the router" in drills.drill_problems(_kill(router_ok_s=None), 30, 180)[0]
