@@ -240,6 +240,29 @@ def measure(a, te, ch, hello):
     return build_result(a.host_ip, a.target, a.protocol, n, want, got, mc_s, tcp_s, direction)
 
 
+def put_with_retries(st, key, data, attempts, pause=2.0):
+    """put, again after a failure: a master elected moments ago may refuse the first ones."""
+    for attempt in range(1, attempts + 1):
+        rc = st.put(key, data)
+        if rc == 0:
+            return
+        log(f"put({key}) returned {rc} (attempt {attempt}/{attempts})")
+        if attempt < attempts:
+            time.sleep(pause)
+    raise RuntimeError(f"put({key}) returned {rc} after {attempts} attempts")
+
+
+def hold(st, key, seconds, step=0.5):
+    """Stay up (the replica may live in this process's segment) until a getter removes the key.
+
+    is_exist() is 1 (there), 0 (removed) or negative (an RPC error, e.g. during a master failover):
+    only 0 ends the hold early; leaving on an error would drop the only replica before the get.
+    """
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and st.is_exist(key) != 0:
+        time.sleep(step)
+
+
 def cmd_store(a):
     if a.protocol == "tcp":
         os.environ.setdefault("MC_FORCE_TCP", "1")
@@ -251,15 +274,10 @@ def cmd_store(a):
     try:
         if a.action == "put":
             data = payload(a.key, a.size)  # seeded by the key: get can rebuild it with --size
-            rc = st.put(a.key, data)
-            if rc != 0:
-                raise RuntimeError(f"put({a.key}) returned {rc}")
+            put_with_retries(st, a.key, data, a.put_attempts)
             sha = hashlib.sha256(data).hexdigest()
             print(json.dumps({"key": a.key, "bytes": a.size, "sha256": sha}), flush=True)
-            # The replica may live in this process's segment: stay up until a getter removes the key.
-            end = time.monotonic() + a.hold
-            while time.monotonic() < end and st.is_exist(a.key) == 1:
-                time.sleep(0.5)
+            hold(st, a.key, a.hold)
             return 0
         if not (a.expect_sha256 or a.size):
             raise RuntimeError("get needs --expect-sha256 or --size")
@@ -318,6 +336,7 @@ def build_parser():
     put.add_argument("--size", type=parse_size, default="16MiB")
     put.add_argument("--hold", type=float, default=0, help="stay up (segment mounted) this many seconds, "
                      "or until a get --remove")
+    put.add_argument("--put-attempts", type=int, default=5, help="tries of put, 2 s apart")
     get = ta.add_parser("get")
     get.add_argument("--key", required=True)
     get.add_argument("--expect-sha256")

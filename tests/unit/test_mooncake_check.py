@@ -184,3 +184,35 @@ def test_serve_session_ends_without_bye_when_client_leaves(pair):
     a.close()
     t.join(10)
     assert len(errs) == 1
+
+
+class _FakeStore:
+    """Stands in for MooncakeDistributedStore: scripted put() return codes and is_exist() answers."""
+
+    def __init__(self, puts=(), exists=()):
+        self.puts, self.exists, self.calls = list(puts), list(exists), 0
+
+    def put(self, key, data):
+        self.calls += 1
+        return self.puts.pop(0)
+
+    def is_exist(self, key):
+        return self.exists.pop(0) if self.exists else 0
+
+
+def test_put_retries_until_the_master_accepts():
+    st = _FakeStore(puts=[-706, -1, 0])
+    mc.put_with_retries(st, "k", b"x", 5, pause=0)
+    assert st.calls == 3
+
+
+def test_put_gives_up_after_its_attempts():
+    st = _FakeStore(puts=[-1, -1])
+    with pytest.raises(RuntimeError, match="after 2 attempts"):
+        mc.put_with_retries(st, "k", b"x", 2, pause=0)
+
+
+def test_hold_survives_rpc_errors_and_ends_when_removed():
+    st = _FakeStore(exists=[1, -1, -800, 1, 0, 1])
+    mc.hold(st, "k", 60, step=0)
+    assert st.exists == [1]  # stopped at the first 0 (removed), not at the errors before it
