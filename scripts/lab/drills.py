@@ -173,8 +173,8 @@ def main(argv=None):
     ap.add_argument("--prefill", default="prefill1:prefill0:8100")
     ap.add_argument("--decode", default="decode1:decode0:8200")
     ap.add_argument("--limit", type=float, default=30, help="recovery goal for etcd, master, router")
-    ap.add_argument("--vllm-limit", type=float, default=180,
-                    help="bound for vLLM serving again (model load on CPU: 50-110 s measured under load) and "
+    ap.add_argument("--vllm-limit", type=float, default=240,
+                    help="bound for vLLM serving again (model load on CPU: 50-170 s measured under load) and "
                          "for requests through the router succeeding again after the service serves")
     ap.add_argument("--out", default="drills.json")
     args = ap.parse_args(argv)

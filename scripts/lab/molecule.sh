@@ -26,4 +26,13 @@ if [[ "${PD_LAB_SKIP_PREPARE:-0}" != 1 ]]; then
 fi
 
 cd "$repo"
-exec molecule "$@"
+molecule "$@" || exit $?
+# In production etcd and the masters run on hosts of their own. In the 2-core docker lab they share
+# the cores with three vLLM containers, whose model loads and engine steps starved etcd for 20 s
+# (leader elections, the masters' leases lost, a failover that did not happen within 30 s). The
+# vLLM containers get a quarter of the default CPU weight; they still use every idle cycle.
+if [[ "${1:-}" == create ]]; then
+  for c in prefill1 decode1 decode2; do
+    if "${DOCKER:-docker}" inspect "$c" >/dev/null 2>&1; then "${DOCKER:-docker}" update --cpu-shares 256 "$c" >/dev/null; fi
+  done
+fi
