@@ -89,8 +89,7 @@ class Lab:
         self.model = args.model
         self.key = args.api_key
 
-    def router_ok(self):
-        return load.one_request(self.router, self.model, "drill " + "probe tokens " * 30, 4, 60, self.key)[0]
+    PROBE = "drill " + "probe tokens " * 30
 
     def router_live(self):
         """The router process answers by itself (no backend involved)."""
@@ -98,7 +97,11 @@ class Lab:
             return resp.status == 200
 
     def router_ok_n(self, n=3):
-        return all(self.router_ok() for _ in range(n))
+        return load.serves(self.router, self.model, self.key, n, prompt=self.PROBE)
+
+    def router_settled(self):
+        """Seconds until the router serves 3 requests in a row (up to 300 s), or None."""
+        return load.until_serving(self.router, self.model, self.key, prompt=self.PROBE)
 
     def kill(self, host, unit):
         before = unit_state(host, unit)
@@ -130,15 +133,15 @@ class Lab:
 
 def drill_kill(lab, name, host, unit, ready, ready_limit):
     """kill -9 a unit, time until systemd restarted it, it serves, and the router path works."""
-    settle = wait_for(lab.router_ok_n, 300, step=5)  # start from a serving lab (not timed)
+    settle = lab.router_settled()  # start from a serving lab (not timed)
     before = lab.kill(host, unit)
     t0 = time.monotonic()
     back = wait_for(lambda: lab.restarted(host, unit, before), lab.args.limit)
     serving = wait_for(ready, ready_limit) if back is not None else None
     serving = None if serving is None else time.monotonic() - t0
     routed = wait_for(lab.router_ok_n, lab.args.vllm_limit) if serving is not None else None
-    routed = None if routed is None else time.monotonic() - t0
-    recovery = None if routed is None else round(max(serving, routed), 1)
+    routed = None if routed is None else time.monotonic() - t0  # after serving: the recovery time
+    recovery = None if routed is None else round(routed, 1)
     return {"drill": f"kill -9 {name}", "host": host, "unit": unit,
             "settled_before_s": None if settle is None else round(settle, 1),
             "restarted_s": None if back is None else round(back, 1),
@@ -181,7 +184,7 @@ def main(argv=None):
     lab = Lab(args)
 
     # A step before (a unit just restarted, its first requests slow on CPU) may still be settling.
-    if wait_for(lab.router_ok_n, 300, step=5) is None:
+    if lab.router_settled() is None:
         print("drills: the router does not serve 3 requests in a row within 300 s before any fault; "
               "is the lab converged?", file=sys.stderr)
         return 2

@@ -39,6 +39,22 @@ def one_request(url, model, prompt, max_tokens, timeout, api_key=None):
     return True, ""
 
 
+def serves(url, model, api_key="", n=3, prompt="probe " * 40, timeout=60):
+    """n requests in a row succeed (a short prompt, 4 tokens each)."""
+    return all(one_request(url, model, prompt, 4, timeout, api_key)[0] for _ in range(n))
+
+
+def until_serving(url, model, api_key="", limit=300, step=5, prompt="probe " * 40):
+    """Seconds until serves() is true, or None after limit seconds: a step before (a unit just
+    restarted, its first requests slow on CPU) may still be settling."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        if serves(url, model, api_key, prompt=prompt):
+            return time.monotonic() - t0
+        time.sleep(step)
+    return None
+
+
 SLOW_S = 30  # a request slower than this is listed (the transfer engine's TCP status timeout)
 
 

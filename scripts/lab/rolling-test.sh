@@ -16,16 +16,11 @@ instances=(prefill1:prefill0 prefill1:prefill1 decode1:decode0 decode2:decode0)
 
 # Start from a serving lab: 3 requests in a row through the router (a step before may still settle).
 PD_HERE=$here "$py" - "$router" <<'PY' || { echo "[rolling] the router does not serve before the upgrade" >&2; exit 1; }
-import os, sys, time
+import os, sys
 sys.path.insert(0, os.environ["PD_HERE"])
 import load
 key = os.environ.get("PD_ROUTER_API_KEY", "")
-deadline = time.monotonic() + 300
-while time.monotonic() < deadline:
-    if all(load.one_request(sys.argv[1], "tiny-llama", "warm up " * 40, 4, 60, key)[0] for _ in range(3)):
-        sys.exit(0)
-    time.sleep(5)
-sys.exit(1)
+sys.exit(0 if load.until_serving(sys.argv[1], "tiny-llama", key, prompt="warm up " * 40) is not None else 1)
 PY
 pids() { for hi in "${instances[@]}"; do docker exec "${hi%%:*}" systemctl show -p MainPID --value "vllm@${hi##*:}"; done; }
 before=$(pids)
@@ -53,9 +48,8 @@ sleep 5
 touch "$stop"; wait "$loader" || true
 after=$(pids)
 
-failed=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["failed"])' "$out/rolling-load.json")
-total=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["requests"])' "$out/rolling-load.json")
-lat=$("$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("latency p50 %s s, p99 %s s, max %s s, %d over 30 s" % (d["latency_p50_s"], d["latency_p99_s"], d["latency_max_s"], len(d["slow"])))' "$out/rolling-load.json")
+# One read of the summary: failed, total, then the latency text (the rest of the line).
+read -r failed total lat < <("$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["failed"], d["requests"], "latency p50 %s s, p99 %s s, max %s s, %d over 30 s" % (d["latency_p50_s"], d["latency_p99_s"], d["latency_max_s"], len(d["slow"])))' "$out/rolling-load.json")
 restarted=$(paste <(echo "$before") <(echo "$after") | awk '$1 != $2 && $2 != 0' | wc -l)
 recomputed=0
 for hi in decode1:decode0 decode2:decode0; do

@@ -70,3 +70,13 @@ def test_drill_problems_asserts_restart_serving_and_router_path():
     assert "not serving within 30 s" in drills.drill_problems(_kill(serving_s=None), 30, 180)[0]
     assert "not serving within 30 s" in drills.drill_problems(_kill(serving_s=30.5), 30, 180)[0]
     assert "through the router" in drills.drill_problems(_kill(router_ok_s=None), 30, 180)[0]
+
+
+def test_serves_needs_n_in_a_row_and_until_serving_waits(monkeypatch):
+    answers = iter([True, True, False, True, True, True])
+    monkeypatch.setattr(load, "one_request", lambda *a, **k: (next(answers), ""))
+    assert load.serves("u", "m", n=2) is True
+    assert load.serves("u", "m", n=2) is False  # the first of two failed, the second is not sent
+    assert load.until_serving("u", "m", limit=5, step=0) is not None  # the next three succeed
+    monkeypatch.setattr(load, "one_request", lambda *a, **k: (False, "HTTP 502"))
+    assert load.until_serving("u", "m", limit=0.05, step=0.01) is None
