@@ -263,6 +263,20 @@ def hold(st, key, seconds, step=0.5):
         time.sleep(step)
 
 
+def get_checked(st, key, want, remove):
+    """get and compare; remove the key only after a good read. A get that raced the put (the
+    master answers replica_not_ready) must leave the key for the retry: removing it released the
+    holding put side, and every retry then found nothing."""
+    data = st.get(key)
+    if not data:  # get() returns b"" for a missing key, or when the segment holding it is gone
+        log(f"key {key!r} not found (did the put side exit before the get? use put --hold)")
+    got = hashlib.sha256(data).hexdigest()
+    ok = bool(data) and got == want
+    if remove and ok:
+        st.remove(key, True)  # force: the put side may still hold its lease
+    return data, got, ok
+
+
 def cmd_store(a):
     if a.protocol == "tcp":
         os.environ.setdefault("MC_FORCE_TCP", "1")
@@ -282,14 +296,9 @@ def cmd_store(a):
         if not (a.expect_sha256 or a.size):
             raise RuntimeError("get needs --expect-sha256 or --size")
         want = (a.expect_sha256 or hashlib.sha256(payload(a.key, a.size)).hexdigest()).lower()
-        data = st.get(a.key)
-        if not data:  # get() returns b"" for a missing key, or when the segment holding it is gone
-            log(f"key {a.key!r} not found (did the put side exit before the get? use put --hold)")
-        got = hashlib.sha256(data).hexdigest()
+        data, got, ok = get_checked(st, a.key, want, a.remove)
         print(json.dumps({"key": a.key, "bytes": len(data), "sha256": got, "sha256_match": got == want}))
-        if a.remove:
-            st.remove(a.key, True)  # force: the put side may still hold its lease
-        return 0 if got == want and data else 1
+        return 0 if ok else 1
     finally:
         st.close()
 
@@ -341,7 +350,7 @@ def build_parser():
     get.add_argument("--key", required=True)
     get.add_argument("--expect-sha256")
     get.add_argument("--size", type=parse_size, help="rebuild the expected content from key and size")
-    get.add_argument("--remove", action="store_true", help="remove the key after (releases a holding put)")
+    get.add_argument("--remove", action="store_true", help="remove the key after a good read (releases a holding put)")
     t.set_defaults(fn=cmd_store)
     return p
 

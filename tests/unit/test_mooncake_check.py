@@ -189,8 +189,14 @@ def test_serve_session_ends_without_bye_when_client_leaves(pair):
 class _FakeStore:
     """Stands in for MooncakeDistributedStore: scripted put() return codes and is_exist() answers."""
 
-    def __init__(self, puts=(), exists=()):
-        self.puts, self.exists, self.calls = list(puts), list(exists), 0
+    def __init__(self, puts=(), exists=(), gets=()):
+        self.puts, self.exists, self.gets, self.calls, self.removed = list(puts), list(exists), list(gets), 0, []
+
+    def get(self, key):
+        return self.gets.pop(0)
+
+    def remove(self, key, force=False):
+        self.removed.append(key)
 
     def put(self, key, data):
         self.calls += 1
@@ -216,3 +222,13 @@ def test_hold_survives_rpc_errors_and_ends_when_removed():
     st = _FakeStore(exists=[1, -1, -800, 1, 0, 1])
     mc.hold(st, "k", 60, step=0)
     assert st.exists == [1]  # stopped at the first 0 (removed), not at the errors before it
+
+
+def test_get_removes_the_key_only_after_a_good_read():
+    data = mc.payload("k", 1000)
+    want = hashlib.sha256(data).hexdigest()
+    st = _FakeStore(gets=[b"", data])
+    assert mc.get_checked(st, "k", want, True)[2] is False and st.removed == []  # raced the put: keep it
+    assert mc.get_checked(st, "k", want, True)[2] is True and st.removed == ["k"]
+    st = _FakeStore(gets=[b"x" * 1000])
+    assert mc.get_checked(st, "k", want, True)[2] is False and st.removed == []  # wrong content: keep it
