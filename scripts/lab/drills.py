@@ -8,13 +8,16 @@ lab's address, and asserts what an operator relies on:
   - one of three etcd members stopped: the master keeps a leader and a store put/get works;
   - the master leader killed: the standby takes over and a store put/get works again.
 Recovery = seconds from the kill until the service serves again and 3 requests in a row through
-the router succeed. The goal is <= 30 s and is reported per drill (goal_met). Asserted:
-  - systemd restarts the unit within --limit s (a new main PID, active);
-  - the service itself serves within --limit s (etcd active, the router's /liveness), or within
-    --vllm-limit s for vLLM (model load on 2 CPU cores);
-  - requests through the router succeed again within --vllm-limit s of that. On the 2-core lab a KV pull
-    can stall for the transfer engine's 30 s TCP timeout while a neighbour loads its model, which
-    says nothing about the killed service; a hard 30 s bound on that path made the drills flaky.
+the router succeed. Every goal fails the run when missed (drill_problems, FAILED_BOUND):
+  - etcd member and router: recovery <= 30 s (GOAL_S);
+  - master leader: the standby leads within 30 s, a store put/get through the bundle's check
+    succeeds within --store-limit s (one ansible-playbook run, 20-40 s of it overhead), and the old
+    leader comes back as standby;
+  - prefill and decode vLLM: recovery <= --vllm-limit s (240 s on the 2-core lab, whose floor is a
+    model load: 50-170 s measured under load);
+  - failed requests of the steady load, counted per drill (from the previous drill's end to this
+    one's): none after the drill's recovery point, and at most FAILED_BOUND[kind] before it (see
+    there why each bound is what it is).
 Each drill starts from a serving lab (3 requests in a row through the router, not timed).
 
     drills.py --inventory molecule/default/inventory --out drills.json
@@ -35,7 +38,16 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import load  # noqa: E402  (scripts/lab/load.py)
 
-GOAL_S = 30  # the recovery goal, reported per drill
+GOAL_S = 30  # the recovery goal of every service whose start is not a model load
+
+# Failed requests of the steady load (1 worker, 0.5 s pause) allowed per drill, before recovery.
+# etcd and the masters are not on the P2P request path: a failure there is a real regression.
+# A killed router refuses connections until systemd restarts it (RestartSec + start, 6-10 s):
+# each refused request fails at once and the loop retries every 0.5 s, hence up to ~2 per second.
+# A killed vLLM fails the requests in flight on it and those routed to it before the router's
+# health check (every 2 s, vllm_router_health_*) marks it down.
+FAILED_BOUND = {"etcd member": 0, "master leader": 0, "etcd member stopped": 0,
+                "router": 25, "prefill": 5, "decode": 5}
 
 DOCKER = os.environ.get("DOCKER", "docker")
 
@@ -131,24 +143,24 @@ class Lab:
         return res.returncode == 0
 
 
-def drill_kill(lab, name, host, unit, ready, ready_limit):
+def drill_kill(lab, name, host, unit, ready, ready_limit, recovery_limit):
     """kill -9 a unit, time until systemd restarted it, it serves, and the router path works."""
     settle = lab.router_settled()  # start from a serving lab (not timed)
     before = lab.kill(host, unit)
-    t0 = time.monotonic()
+    t0, kill_epoch = time.monotonic(), time.time()
     back = wait_for(lambda: lab.restarted(host, unit, before), lab.args.limit)
     serving = wait_for(ready, ready_limit) if back is not None else None
     serving = None if serving is None else time.monotonic() - t0
     routed = wait_for(lab.router_ok_n, lab.args.vllm_limit) if serving is not None else None
     routed = None if routed is None else time.monotonic() - t0  # after serving: the recovery time
     recovery = None if routed is None else round(routed, 1)
-    return {"drill": f"kill -9 {name}", "host": host, "unit": unit,
+    return {"drill": f"kill -9 {name}", "kind": name, "host": host, "unit": unit, "kill_epoch": kill_epoch,
+            "end_epoch": time.time(), "recovery_epoch": None if routed is None else kill_epoch + routed,
             "settled_before_s": None if settle is None else round(settle, 1),
             "restarted_s": None if back is None else round(back, 1),
             "serving_s": None if serving is None else round(serving, 1),
             "router_ok_s": None if routed is None else round(routed, 1),
-            "recovery_s": recovery, "goal_met": recovery is not None and recovery <= GOAL_S,
-            "serving_limit_s": ready_limit}
+            "recovery_s": recovery, "serving_limit_s": ready_limit, "recovery_limit_s": recovery_limit}
 
 
 def drill_problems(r, restart_limit, router_limit):
@@ -160,7 +172,51 @@ def drill_problems(r, restart_limit, router_limit):
         return [f"{where}: not serving within {r['serving_limit_s']} s: {r}"]
     if r["router_ok_s"] is None:
         return [f"{where}: requests through the router did not succeed within {router_limit} s of it serving: {r}"]
+    if r["recovery_s"] > r["recovery_limit_s"]:
+        return [f"{where}: recovered in {r['recovery_s']} s, goal <= {r['recovery_limit_s']} s: {r}"]
     return []
+
+
+def failover_problems(r):
+    """The master failover: the standby leads in time, the store works again, the old leader is standby."""
+    where = f"{r['drill']} on {r['host']}"
+    out = []
+    if r["recovery_s"] is None or r["recovery_s"] > r["limit_s"]:
+        out.append(f"{where}: the standby did not lead within {r['limit_s']} s: {r}")
+    if r["store_ok_s"] is None or r["store_ok_s"] > r["store_limit_s"]:
+        out.append(f"{where}: store put/get did not succeed within {r['store_limit_s']} s: {r}")
+    if r["old_leader_back_as_standby_s"] is None:
+        out.append(f"{where}: the old leader did not come back as standby: {r}")
+    return out
+
+
+def attribute_failures(results, load_summary):
+    """Count the load's failures per drill: (previous drill's end, this drill's end]. Each result
+    gains 'failed' (all in its window) and 'failed_after_recovery' (started after its recovery point;
+    a request that starts after the service is back must succeed). Failures before the first drill
+    are returned apart: the lab was serving then, so there must be none."""
+    t0 = load_summary["start_epoch"]
+    fails = sorted(t0 + f["t"] for f in load_summary["failures"])
+    start = float("-inf")
+    for r in results:
+        end = r["end_epoch"]
+        window = [t for t in fails if start < t <= end]
+        r["failed"] = len(window)
+        rec = r.get("recovery_epoch")
+        r["failed_after_recovery"] = len([t for t in window if rec is None or t > rec])
+        start = end
+    return len([t for t in fails if t > start])
+
+
+def failure_problems(r):
+    """A drill's failed requests against FAILED_BOUND (see there why each is what it is)."""
+    bound = FAILED_BOUND[r["kind"]]
+    out = []
+    if r["failed"] > bound:
+        out.append(f"{r['drill']} on {r['host']}: {r['failed']} failed requests, bound {bound}")
+    if r["failed_after_recovery"] and bound:  # bound 0 is already covered above
+        out.append(f"{r['drill']} on {r['host']}: {r['failed_after_recovery']} requests failed after recovery")
+    return out
 
 
 def main(argv=None):
@@ -175,10 +231,12 @@ def main(argv=None):
     ap.add_argument("--master-metrics-port", type=int, default=9003)
     ap.add_argument("--prefill", default="prefill1:prefill0:8100")
     ap.add_argument("--decode", default="decode1:decode0:8200")
-    ap.add_argument("--limit", type=float, default=30, help="recovery goal for etcd, master, router")
+    ap.add_argument("--limit", type=float, default=GOAL_S, help="recovery goal for etcd, master, router (and systemd's restart of any unit)")
     ap.add_argument("--vllm-limit", type=float, default=240,
-                    help="bound for vLLM serving again (model load on CPU: 50-170 s measured under load) and "
-                         "for requests through the router succeeding again after the service serves")
+                    help="recovery bound for a killed vLLM: its start-up is a model load on 2 CPU cores "
+                         "(50-170 s measured under load)")
+    ap.add_argument("--store-limit", type=float, default=150,
+                    help="bound for the store put/get after the master failover (one ansible-playbook run)")
     ap.add_argument("--out", default="drills.json")
     args = ap.parse_args(argv)
     lab = Lab(args)
@@ -201,33 +259,41 @@ def main(argv=None):
         etcd_victim = args.etcd[-1]
         results.append(drill_kill(lab, "etcd member", etcd_victim, "etcd",
                                   lambda: unit_state(etcd_victim, "etcd")["ActiveState"] == "active",
-                                  args.limit))
+                                  args.limit, args.limit))
         for spec, kind in ((args.prefill, "prefill"), (args.decode, "decode")):
             host, inst, port = spec.split(":")
             results.append(drill_kill(lab, kind, host, f"vllm@{inst}",
-                                      lambda h=host, p=port: lab.vllm_serving(h, p), args.vllm_limit))
-        results.append(drill_kill(lab, "router", args.router_host, "vllm-router", lab.router_live, args.limit))
+                                      lambda h=host, p=port: lab.vllm_serving(h, p), args.vllm_limit,
+                                      args.vllm_limit))
+        results.append(drill_kill(lab, "router", args.router_host, "vllm-router", lab.router_live,
+                                  args.limit, args.limit))
 
-        # 2. The master leader killed: the standby leads, and store put/get works again.
+        # 2. The master leader killed: the standby leads, store put/get works again, and the old
+        #    leader comes back as standby.
+        lab.router_settled()
         roles = lab.master_roles()
         leader = next((h for h, r in roles.items() if r == "leader"), None)
         if leader is None:
             problems.append(f"no master leader before the failover drill: {roles}")
         else:
             before = lab.kill(leader, "mooncake-master")
-            t0 = time.monotonic()
+            t0, kill_epoch = time.monotonic(), time.time()
             new_leader = wait_for(lambda: any(r == "leader" for h, r in lab.master_roles().items()
                                               if h != leader), args.limit)
-            store = wait_for(lab.store_round_trip, 300, step=1) if new_leader is not None else None
+            store = wait_for(lab.store_round_trip, args.store_limit, step=1) if new_leader is not None else None
             store = None if store is None else time.monotonic() - t0
             back = wait_for(lambda: lab.restarted(leader, "mooncake-master", before)
                             and lab.master_roles()[leader] == "standby", args.limit)
-            results.append({"drill": "kill -9 master leader", "host": leader, "unit": "mooncake-master",
+            results.append({"drill": "kill -9 master leader", "kind": "master leader", "host": leader,
+                            "unit": "mooncake-master",
                             "standby_leads_s": None if new_leader is None else round(new_leader, 1),
                             "store_ok_s": None if store is None else round(store, 1),
                             "old_leader_back_as_standby_s": None if back is None else round(back, 1),
                             "recovery_s": None if new_leader is None else round(new_leader, 1),
-                            "roles_after": lab.master_roles(), "limit_s": args.limit})
+                            "recovery_epoch": None if new_leader is None else kill_epoch + new_leader,
+                            "end_epoch": time.time(),
+                            "roles_after": lab.master_roles(), "limit_s": args.limit,
+                            "store_limit_s": args.store_limit})
 
         # 3. One of three etcd members stopped: the master keeps a leader, the store works.
         victim = args.etcd[0]
@@ -239,39 +305,43 @@ def main(argv=None):
             router_ok = lab.router_ok_n()
         finally:
             sh(victim, "systemctl", "start", "etcd")
-        results.append({"drill": "etcd member stopped (1 of 3)", "host": victim, "unit": "etcd",
-                        "master_roles": roles, "store_ok": store_ok, "router_ok": router_ok,
-                        "ok": store_ok and router_ok and "leader" in roles.values()})
+        results.append({"drill": "etcd member stopped (1 of 3)", "kind": "etcd member stopped", "host": victim,
+                        "unit": "etcd", "master_roles": roles, "store_ok": store_ok, "router_ok": router_ok,
+                        "ok": store_ok and router_ok and "leader" in roles.values(), "end_epoch": time.time(),
+                        "recovery_epoch": None})
     finally:
         stop.touch()
         loader.wait(timeout=120)
     load_summary = json.loads(load_out.read_text())
+    after_last = attribute_failures(results, load_summary)
 
     for r in results:
         if "restarted_s" in r:
             problems.extend(drill_problems(r, args.limit, args.vllm_limit))
-        elif "recovery_s" in r:
-            if r["recovery_s"] is None or r["recovery_s"] > r["limit_s"]:
-                problems.append(f"{r['drill']} on {r['host']}: no recovery within {r['limit_s']} s: {r}")
-            if r["store_ok_s"] is None:
-                problems.append(f"store put/get did not resume after the master failover: {r}")
+        elif "store_ok_s" in r:
+            problems.extend(failover_problems(r))
         elif not r.get("ok"):
             problems.append(f"{r['drill']}: {r}")
+        problems.extend(failure_problems(r))
+    if after_last:
+        problems.append(f"{after_last} requests failed after the last drill")
 
-    report = {"drills": results, "load": load_summary, "problems": problems}
+    report = {"drills": results, "load": load_summary, "failed_bound": FAILED_BOUND, "problems": problems}
     Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"{'drill':34} {'host':9} {'recovery s':>10}  detail")
+    print(f"{'drill':30} {'host':9} {'recovery s':>10} {'goal s':>6} {'failed':>6} {'bound':>5}  detail")
     for r in results:
+        goal = r.get("recovery_limit_s", r.get("limit_s", "-"))
         detail = {k: v for k, v in r.items()
-                  if k not in ("drill", "host", "unit", "recovery_s", "limit_s", "serving_limit_s")}
-        print(f"{r['drill']:34} {r['host']:9} {str(r.get('recovery_s', '-')):>10}  {json.dumps(detail)}")
+                  if k not in ("drill", "kind", "host", "unit", "recovery_s", "limit_s", "serving_limit_s",
+                               "recovery_limit_s", "failed", "kill_epoch", "end_epoch", "recovery_epoch")}
+        print(f"{r['drill']:30} {r['host']:9} {str(r.get('recovery_s', '-')):>10} {goal:>6} "
+              f"{r['failed']:>6} {FAILED_BOUND[r['kind']]:>5}  {json.dumps(detail)}")
     print(f"load through the router during the drills: {load_summary['requests']} requests, "
-          f"{load_summary['failed']} failed (failures are expected while a killed service is down); "
-          f"latency p50 {load_summary['latency_p50_s']} s, max {load_summary['latency_max_s']} s")
-    met = [r for r in results if "goal_met" in r]
-    print(f"recovery goal <= {GOAL_S} s met by {sum(r['goal_met'] for r in met)} of {len(met)} kill drills")
+          f"{load_summary['failed']} failed; latency p50 {load_summary['latency_p50_s']} s, "
+          f"max {load_summary['latency_max_s']} s")
     for p in problems:
         print(f"DRILL FAILED: {p}", file=sys.stderr)
+    print("drills: " + ("FAILED" if problems else "every goal met"))
     return 1 if problems else 0
 
 

@@ -74,7 +74,7 @@ def summarize(records):
         "latency_max_s": round(lat[-1], 2) if lat else None,
         "slow": [{"t": round(r["t"], 2), "latency": round(r["latency"], 2)}
                  for r in records if r["ok"] and r.get("latency", 0) > SLOW_S][:50],
-        "failures": [{"t": round(r["t"], 2), "error": r["error"]} for r in failed][:50],
+        "failures": [{"t": round(r["t"], 2), "error": r["error"]} for r in failed][:200],
     }
 
 
@@ -95,7 +95,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     records, lock = [], threading.Lock()
-    start = time.monotonic()
+    start, start_wall = time.monotonic(), time.time()
     deadline = start + args.duration
 
     def running():
@@ -120,6 +120,7 @@ def main(argv=None):
         t.join()
     summary = summarize(records)
     summary["seconds"] = round(time.monotonic() - start, 1)
+    summary["start_epoch"] = start_wall  # failures' t is relative to it (the drills attribute them)
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("failures", "slow")}

@@ -38,7 +38,11 @@ docker exec decode1 grep -q -- "--max-num-seqs 32" /etc/vllm/decode0.env && seqs
 echo "[rolling] changing --max-num-seqs to $seqs on every instance"
 rc=0
 # The lab runs kv_load_failure_policy=recompute (group_vars/all.yml): a KV pull that fails is
-# computed on decode instead of failing the request. Those pulls are counted below.
+# computed on decode instead of failing the request. Those pulls are counted below and bounded:
+# on the 2-core lab a receiver starved by a neighbour's model load trips Mooncake's 30 s TCP
+# liveness timeout (docs/tcp-stall.md); 0-2 of ~260 requests per run were seen. More than
+# max_recomputed is a regression, whatever the reason.
+max_recomputed=${PD_LAB_MAX_RECOMPUTED:-3}
 since=$(date -u '+%Y-%m-%d %H:%M:%S')
 "$repo/.venv/bin/ansible-playbook" -i "$inv" "$repo/playbooks/vllm.yml" \
   -e "{\"vllm_extra_args\": [\"--enforce-eager\", \"--max-num-seqs\", \"$seqs\"]}" \
@@ -51,15 +55,22 @@ after=$(pids)
 # One read of the summary: failed, total, then the latency text (the rest of the line).
 read -r failed total lat < <("$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["failed"], d["requests"], "latency p50 %s s, p99 %s s, max %s s, %d over 30 s" % (d["latency_p50_s"], d["latency_p99_s"], d["latency_max_s"], len(d["slow"])))' "$out/rolling-load.json")
 restarted=$(paste <(echo "$before") <(echo "$after") | awk '$1 != $2 && $2 != 0' | wc -l)
-recomputed=0
+reasons=$out/rolling-recomputed.txt
+: > "$reasons"
 for hi in decode1:decode0 decode2:decode0; do
-  n=$(docker exec "${hi%%:*}" journalctl -u "vllm@${hi##*:}" --since "$since" --no-pager 2>/dev/null | grep -c 'pulling kv_caches for' || true)
-  recomputed=$((recomputed + n))
+  docker exec "${hi%%:*}" journalctl -u "vllm@${hi##*:}" --since "$since" --no-pager 2>/dev/null \
+    | grep 'pulling kv_caches for' | sed "s/^/${hi%%:*}: /" >> "$reasons" || true
 done
+recomputed=$(wc -l < "$reasons")
 echo "[rolling] playbook rc=$rc in ${took}s; instances restarted: $restarted/${#instances[@]}; requests through the router: $total, failed: $failed ($lat); KV pulls failed and recomputed on decode: $recomputed"
 grep -E "^(prefill|decode)[0-9]+ +:" "$out/rolling-playbook.log" || true
 if ((rc != 0)); then tail -40 "$out/rolling-playbook.log"; exit 1; fi
 ((restarted == ${#instances[@]})) || { echo "[rolling] FAILED: not every instance restarted" >&2; exit 1; }
 ((failed == 0)) || { echo "[rolling] FAILED: $failed requests failed during the rolling restart" >&2;
   "$py" -c 'import json,sys; [print(" ", f) for f in json.load(open(sys.argv[1]))["failures"][:10]]' "$out/rolling-load.json"; exit 1; }
-echo "[rolling] passed: 0 failed requests"
+if ((recomputed > max_recomputed)); then
+  echo "[rolling] FAILED: $recomputed KV pulls failed and were recomputed, bound $max_recomputed:" >&2
+  cut -c1-300 "$reasons" >&2; exit 1
+fi
+((recomputed == 0)) || { echo "[rolling] recomputed pulls (within the bound of $max_recomputed):"; cut -c1-300 "$reasons"; }
+echo "[rolling] passed: 0 failed requests, $recomputed recomputed (bound $max_recomputed)"
