@@ -4,8 +4,10 @@
 #  - iproute2: network namespaces for the transfer-check integration test
 #  - systemd: systemd-analyze verify/security for the rendered units
 #  - nftables: nft loads the rendered firewall rulesets in a throwaway network namespace (render test)
+#  - util-linux: unshare for that namespace
+# The render tests fail (they do not skip) when systemd-analyze, nft or unshare is missing.
 set -euo pipefail
-pkgs=(python3-venv libibverbs1 libnuma1 libcurl4 iproute2 systemd nftables)
+pkgs=(python3-venv libibverbs1 libnuma1 libcurl4 iproute2 systemd nftables util-linux)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -120,20 +120,59 @@ def read_root_file(h, path):
         return h.file(path).content_string
 
 
+def router_key_configured(v):
+    """Whether the inventory gives the router an API key (vllm_router_api_key, default "")."""
+    return str(v.get('vllm_router_api_key') or '').strip() != ''
+
+
 def router_auth_headers(h):
-    """["Authorization: Bearer <key>"] from the router host's 0600 key file; [] when no key is deployed."""
+    """["Authorization: Bearer <key>"] from the router host's 0600 key file; [] only when the inventory
+    sets no key AND no key file is deployed. A key the inventory sets but the host does not have (or
+    that cannot be read, e.g. sudo refused) fails here, instead of silently sending no header."""
     path = '/etc/vllm-router/api-key.env'
+    cmd = 'cat %s' % path
     if h.check_output('id -u') == '0':
-        exists = h.file(path).exists
+        res = h.run(cmd)
     else:
         with h.sudo():
-            exists = h.file(path).exists
-    if not exists:
-        return []
-    for line in read_root_file(h, path).splitlines():
+            res = h.run(cmd)
+    if res.rc != 0:
+        if not router_key_configured(hvars(h)) and 'No such file' in res.stderr:
+            return []
+        raise AssertionError('vllm_router_api_key is %s in the inventory, but %s on %s cannot be read (rc=%d): %s'
+                             % ('set' if router_key_configured(hvars(h)) else 'not set', path,
+                                hvars(h)['inventory_hostname'], res.rc, res.stderr.strip()[:300]))
+    for line in res.stdout.splitlines():
         if line.startswith('VLLM_ROUTER_API_KEY='):
-            return ['Authorization: Bearer %s' % line.split('=', 1)[1].strip()]
+            key = line.split('=', 1)[1].strip()
+            assert key, 'VLLM_ROUTER_API_KEY is empty in %s' % path
+            return ['Authorization: Bearer %s' % key]
     raise AssertionError('no VLLM_ROUTER_API_KEY in %s' % path)
+
+
+def parse_ss_listeners(out):
+    """{(address, port)} of `ss -Htln` output; the wildcard is '0.0.0.0' (v4) or '::' (v6, also '*')."""
+    socks = set()
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        addr, _, port = fields[3].rpartition(':')
+        addr = addr.strip('[]').split('%')[0]
+        socks.add(('::' if addr == '*' else addr, int(port)))
+    return socks
+
+
+def tcp_listeners(h):
+    return parse_ss_listeners(h.check_output('ss -Htln'))
+
+
+def listens_as_configured(socks, ip, port):
+    """A socket configured on a host IP must be bound to exactly that IP (a wildcard bind would expose
+    it on every interface); one configured on 0.0.0.0 must be a wildcard bind."""
+    if ip in ('0.0.0.0', '::'):
+        return ('0.0.0.0', port) in socks or ('::', port) in socks
+    return (ip, port) in socks
 
 
 def deployed_etcd_env(h):

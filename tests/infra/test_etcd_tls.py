@@ -27,13 +27,30 @@ def tls_curl(v, env, url, cert=True):
     return '%s %s' % (cmd, url)
 
 
+def tool_ran(res, tool):
+    """A refusal counts only when the tool ran: rc 127/126 (not found / not executable) is no refusal."""
+    assert res.rc not in (126, 127), '%s did not run (rc=%d): %s' % (tool, res.rc, (res.stderr or res.stdout).strip()[:300])
+
+
+# curl's exit codes when a TLS server drops a client: 35 handshake failed, 52 empty reply (plain http
+# to a TLS port), 55/56 send/receive failed (connection reset: a certificate was required).
+CURL_TLS_REFUSALS = (35, 52, 55, 56)
+
+
 def test_plain_http_refused_on_client_port(member):
     host, v, _ = member
     url = 'http://%s:%s' % (v['common_host_ip'], v['etcd_client_port'])
-    res = host.run('curl -sS -m 10 -o /dev/null -w "%%{http_code}" %s/health' % url)
-    assert res.stdout.strip() != '200', 'plain http on the client port answered: %s' % res.stdout
+    res = host.run('curl -sS -m 10 -w "\\n%%{http_code}" %s/health' % url)
+    tool_ran(res, 'curl')
+    body, _, code = res.stdout.rpartition('\n')
+    assert code != '200', 'plain http on the client port answered: %s' % res.stdout
+    # Refused by the TLS listener: the connection closed (52) or Go's "HTTP request to an HTTPS server" 400.
+    assert res.rc in CURL_TLS_REFUSALS or (code == '400' and 'HTTPS server' in body), \
+        'unexpected answer to plain http (rc=%d): %s %s' % (res.rc, res.stdout, res.stderr)
     res = host.run('etcdctl --endpoints=%s --command-timeout=5s endpoint health' % url)
+    tool_ran(res, 'etcdctl')
     assert res.rc != 0, 'etcdctl over plain http worked: %s' % res.stdout
+    assert 'is unhealthy' in res.stdout + res.stderr, 'etcdctl failed for another reason: %s %s' % (res.stdout, res.stderr)
 
 
 def test_https_needs_ca_and_client_certificate(member):
@@ -46,7 +63,10 @@ def test_https_needs_ca_and_client_certificate(member):
     if env.get('ETCD_CLIENT_CERT_AUTH') == 'true':
         res = host.run(tls_curl(v, env, 'https://%s:%s/v3/kv/range' % (v['common_host_ip'], v['etcd_client_port']),
                                 cert=False) + " -X POST -d '{\"key\": \"AA==\"}'")
+        tool_ran(res, 'curl')
         assert res.rc != 0, 'a client without a certificate was served: %s' % res.stdout
+        assert res.rc in CURL_TLS_REFUSALS, \
+            'a client without a certificate failed, but not in TLS (rc=%d): %s' % (res.rc, res.stderr)
 
 
 def test_cluster_health_over_tls(member):

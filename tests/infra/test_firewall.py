@@ -5,7 +5,9 @@
 Per host: the unit is active and the table inet pd_bundle is loaded (loopback and replies first); each
 protected port that listens there connects from a cluster peer, and from an outsider it does not. The
 outsider is a throwaway container on the lab's docker network (PD_LAB_NETWORK, default pd-lab) that this
-module starts and removes; against a real cluster (no docker, no such network) that part is skipped.
+module starts and removes. Against a real cluster (no docker CLI, or no such network) that part is
+skipped; where the lab network exists, an outsider that cannot start (no image, no free address, docker
+down) FAILS the test: the lab's firewall claim would otherwise go unchecked.
 """
 import ipaddress
 import json
@@ -120,30 +122,53 @@ def peer_of(host):
     return None
 
 
-@pytest.fixture(scope='module')
-def outsider():
-    """probe(pairs) run from a non-cluster container on the lab network, or a skip reason (str)."""
-    docker = shutil.which('docker')
+class NoOutsider:
+    """Why there is no outsider: `fatal` when the lab network exists (a failure), else a skip."""
+
+    def __init__(self, reason, fatal):
+        self.reason, self.fatal = reason, fatal
+
+
+def start_outsider(docker, network=NETWORK, image=IMAGE, ips=OUTSIDER_IPS):
+    """(container name, ip, subnets) of a started outsider, or NoOutsider."""
     if not docker:
-        yield 'no docker CLI here (a real cluster): the outsider checks need the docker lab'
-        return
-    net = subprocess.run([docker, 'network', 'inspect', NETWORK, '-f', '{{json .IPAM.Config}}'],
+        return NoOutsider('no docker CLI here (a real cluster): the outsider checks need the docker lab', False)
+    net = subprocess.run([docker, 'network', 'inspect', network, '-f', '{{json .IPAM.Config}}'],
                          capture_output=True, text=True)
     if net.returncode != 0:
-        yield 'no docker network %s here: the outsider checks need the docker lab' % NETWORK
-        return
-    subnets = [ipaddress.ip_network(c['Subnet']) for c in json.loads(net.stdout) or [] if c.get('Subnet')]
+        err = (net.stderr or net.stdout).strip()
+        if 'not found' in err.lower() or 'no such network' in err.lower():
+            return NoOutsider('no docker network %s here: the outsider checks need the docker lab' % network, False)
+        return NoOutsider('cannot inspect the docker network %s (rc=%d): %s' % (network, net.returncode, err[:300]), True)
+    try:
+        subnets = [ipaddress.ip_network(c['Subnet']) for c in json.loads(net.stdout) or [] if c.get('Subnet')]
+    except ValueError as e:
+        return NoOutsider('unreadable IPAM config of %s: %s (%r)' % (network, e, net.stdout[:200]), True)
+    if not subnets:
+        return NoOutsider('the docker network %s has no subnet' % network, True)
     name = 'pd-fw-outsider-%s' % uuid.uuid4().hex[:8]
-    started = None
-    for ip in OUTSIDER_IPS:
-        res = subprocess.run([docker, 'run', '-d', '--rm', '--name', name, '--network', NETWORK, '--ip', ip,
-                              '--entrypoint', 'sleep', IMAGE, '300'], capture_output=True, text=True)
+    errors = []
+    for ip in ips:
+        res = subprocess.run([docker, 'run', '-d', '--rm', '--name', name, '--network', network, '--ip', ip,
+                              '--entrypoint', 'sleep', image, '300'], capture_output=True, text=True)
         if res.returncode == 0:
-            started = ip
-            break
-    if started is None:
-        yield 'could not start an outsider container on %s: %s' % (NETWORK, res.stderr.strip()[:300])
+            return name, ip, subnets
+        errors.append('%s: %s' % (ip, res.stderr.strip()[:300]))
+        # A container created but not started (address in use) would hold the name for the next try.
+        subprocess.run([docker, 'rm', '-f', name], capture_output=True, text=True)
+    return NoOutsider('the lab network %s exists but no outsider container could start (image %s): %s'
+                      % (network, image, '; '.join(errors)), True)
+
+
+@pytest.fixture(scope='module')
+def outsider():
+    """probe(pairs) run from a non-cluster container on the lab network, or a NoOutsider."""
+    docker = shutil.which('docker')
+    started = start_outsider(docker)
+    if isinstance(started, NoOutsider):
+        yield started
         return
+    name, ip, subnets = started
 
     def probe(pairs):
         res = subprocess.run([docker, 'exec', name, 'sh', '-c', probe_cmd(pairs)],
@@ -151,7 +176,7 @@ def outsider():
         assert res.returncode == 0, res.stderr
         return json.loads(res.stdout)
 
-    probe.ip = started
+    probe.ip = ip
     probe.subnets = subnets
     try:
         yield probe
@@ -193,10 +218,10 @@ def test_cluster_peer_connects(host, request):
 
 
 def test_outsider_is_refused(host, outsider):
-    if isinstance(outsider, str):
-        pytest.skip(outsider)
     if not enabled(host):
         pytest.skip('firewall_enabled is false for this host')
+    if isinstance(outsider, NoOutsider):
+        (pytest.fail if outsider.fatal else pytest.skip)(outsider.reason)
     v = cfg(host)
     ip = v['common_host_ip']
     if not any(ipaddress.ip_address(ip) in net for net in outsider.subnets):

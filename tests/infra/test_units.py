@@ -1,7 +1,7 @@
 """Every unit the host should run is active, enabled, and listening where configured."""
 import pytest
 
-from conftest import deployed_kv_config, hvars, in_group
+from conftest import deployed_kv_config, hvars, in_group, listens_as_configured, tcp_listeners
 
 
 def expected_units(host):
@@ -14,13 +14,15 @@ def expected_units(host):
         units.append(('mooncake-master', [(v['common_host_ip'], v['mooncake_master_metrics_port'])]))
     if in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode'):
         for inst in v.get('vllm_instances', []):
-            socks = [('0.0.0.0', inst['port'])]
+            bind = str(v.get('vllm_bind_host', '0.0.0.0'))
+            socks = [(bind, inst['port'])]
             if in_group(host, 'vllm_prefill') and \
                     deployed_kv_config(host, inst['name'])['kv_connector'] == 'MooncakeConnector':
+                # Mooncake's bootstrap server binds every address.
                 socks.append(('0.0.0.0', inst.get('bootstrap_port', v['vllm_default_bootstrap_port'])))
             units.append(('vllm@%s' % inst['name'], socks))
     if in_group(host, 'vllm_router'):
-        units.append(('vllm-router', [('0.0.0.0', v['vllm_router_port']),
+        units.append(('vllm-router', [(str(v.get('vllm_router_host', '0.0.0.0')), v['vllm_router_port']),
                                       (v['common_host_ip'], v['vllm_router_prometheus_port'])]))
     return units
 
@@ -29,14 +31,16 @@ def test_units_active_enabled_listening(host):
     units = expected_units(host)
     if not units:
         pytest.skip('no bundle units on this host')
+    socks = tcp_listeners(host)
     for unit, sockets in units:
         svc = host.service(unit)
         assert svc.is_running, '%s is not active' % unit
         assert svc.is_enabled, '%s is not enabled' % unit
         for ip, port in sockets:
-            sock = host.socket('tcp://%s:%s' % (ip, port))
-            any_sock = host.socket('tcp://0.0.0.0:%s' % port)
-            assert sock.is_listening or any_sock.is_listening, '%s: nothing listens on %s:%s' % (unit, ip, port)
+            # The host's cluster IP exactly (not a wildcard bind), or a wildcard where one is configured.
+            bound = sorted(a for a, p in socks if p == port)
+            assert listens_as_configured(socks, ip, port), \
+                '%s: nothing listens on %s:%s (bound on port %s: %s)' % (unit, ip, port, port, bound or 'nothing')
 
 
 def test_units_run_as_dedicated_users(host):

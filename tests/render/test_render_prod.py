@@ -167,8 +167,19 @@ def _verify_root(tmp_path, unit):
     return root
 
 
-@pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze not installed')
+def _need_tools(*tools):
+    """Fail (never skip) without a tool: a skipped check would let a broken unit or ruleset pass."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    assert not missing, '%s not installed: run scripts/install-deps.sh (systemd, nftables, util-linux)' % missing
+
+
+def test_missing_tool_fails_not_skips():
+    with pytest.raises(AssertionError, match='install-deps'):
+        _need_tools('sh', 'pd-bundle-no-such-tool')
+
+
 def test_units_verify_and_exposure(prod_render, tmp_path):
+    _need_tools('systemd-analyze')
     report = []
     for unit in _units(prod_render):
         name = unit.name
@@ -207,9 +218,9 @@ def _in(port, elems):
                ((e['range'][0], e['range'][1]) if isinstance(e, dict) else (e, e) for e in elems or []))
 
 
-@pytest.mark.skipif(shutil.which('nft') is None or shutil.which('unshare') is None, reason='nft or unshare not installed')
 def test_firewall_rulesets_load_and_protect(prod_render, inventory):
     """Each host's ruleset loads (nft, in a throwaway user+network namespace) and protects its own ports."""
+    _need_tools('nft', 'unshare')
     groups, hv = inventory
     hosts = sorted({h for g in ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router') for h in groups[g]})
     cluster = sorted({hv[h]['ansible_host'] for h in hosts})

@@ -1,4 +1,4 @@
-"""Pure parts of the lab's drill and proof scripts (scripts/lab)."""
+"""Pure parts of the lab's drill and load scripts (scripts/lab)."""
 import importlib.util
 from pathlib import Path
 
@@ -13,7 +13,6 @@ def _load(name, file):
 
 
 load = _load("load", "load.py")
-proof = _load("bad_input_proof", "bad-input-proof.py")
 
 
 def test_summarize_counts_failures():
@@ -33,43 +32,64 @@ def test_summarize_latency_of_successes_and_slow_list():
     assert load.summarize([])["latency_p50_s"] is None
 
 
-def test_recap_and_failed_task():
-    out = """TASK [preflight : Preflight | Ports are numbers] ****
-fatal: [router1]: FAILED! => changed=false
-PLAY RECAP ****
-decode1                    : ok=3    changed=0    unreachable=0    failed=0    skipped=1
-router1                    : ok=2    changed=1    unreachable=0    failed=1    skipped=0
-"""
-    assert proof.failed_task(out) == "preflight : Preflight | Ports are numbers"
-    rc = proof.recap(out)
-    assert rc["decode1"]["changed"] == 0 and rc["router1"]["failed"] == 1
-
-
-def test_snapshot_diff_names_host_and_kind():
-    a = {"h": {"files": "x  /etc/a\n", "units": "Id=a\nMainPID=1\n"}}
-    b = {"h": {"files": "x  /etc/a\n", "units": "Id=a\nMainPID=2\n"}}
-    assert proof.diff(a, a) == []
-    d = proof.diff(a, b)
-    assert len(d) == 1 and d[0].startswith("h units") and "MainPID=2" in d[0]
+# bad-input-proof.py: tests/unit/test_bad_input_proof.py
 
 
 drills = _load("drills", "drills.py")
 
 
 def _kill(**kw):
-    r = {"drill": "kill -9 router", "host": "router1", "restarted_s": 5.0, "serving_s": 6.5,
-         "router_ok_s": 40.0, "serving_limit_s": 30}
+    r = {"drill": "kill -9 router", "kind": "router", "host": "router1", "restarted_s": 5.0, "serving_s": 6.5,
+         "router_ok_s": 9.0, "recovery_s": 9.0, "serving_limit_s": 30, "recovery_limit_s": 30}
     r.update(kw)
     return r
 
 
-def test_drill_problems_asserts_restart_serving_and_router_path():
-    assert drills.drill_problems(_kill(), 30, 180) == []  # 40 s end to end: over the goal, reported
+def test_drill_problems_asserts_restart_serving_router_path_and_goal():
+    assert drills.drill_problems(_kill(), 30, 180) == []
     assert "did not restart" in drills.drill_problems(_kill(restarted_s=None), 30, 180)[0]
     assert "did not restart" in drills.drill_problems(_kill(restarted_s=31.0), 30, 180)[0]
     assert "not serving within 30 s" in drills.drill_problems(_kill(serving_s=None), 30, 180)[0]
     assert "not serving within 30 s" in drills.drill_problems(_kill(serving_s=30.5), 30, 180)[0]
-    assert "through the router" in drills.drill_problems(_kill(router_ok_s=None), 30, 180)[0]
+    assert "through the router" in drills.drill_problems(_kill(router_ok_s=None, recovery_s=None), 30, 180)[0]
+    # A missed goal fails the drill (it used to be reported as goal_met: false and pass).
+    assert "goal <= 30 s" in drills.drill_problems(_kill(router_ok_s=40.0, recovery_s=40.0), 30, 180)[0]
+    vllm = _kill(drill="kill -9 decode", kind="decode", serving_limit_s=240, recovery_limit_s=240)
+    assert drills.drill_problems(dict(vllm, router_ok_s=146.3, recovery_s=146.3), 30, 240) == []
+    assert "goal <= 240 s" in drills.drill_problems(dict(vllm, router_ok_s=241.0, recovery_s=241.0), 30, 240)[0]
+
+
+def _failover(**kw):
+    r = {"drill": "kill -9 master leader", "kind": "master leader", "host": "etcd1", "recovery_s": 4.8,
+         "limit_s": 30, "store_ok_s": 42.0, "store_limit_s": 150, "old_leader_back_as_standby_s": 0.3}
+    r.update(kw)
+    return r
+
+
+def test_failover_problems_need_leader_store_and_old_leader_as_standby():
+    assert drills.failover_problems(_failover()) == []
+    assert "did not lead within 30 s" in drills.failover_problems(_failover(recovery_s=31.0))[0]
+    assert "store put/get" in drills.failover_problems(_failover(store_ok_s=None))[0]
+    assert "store put/get" in drills.failover_problems(_failover(store_ok_s=151.0))[0]
+    assert "as standby" in drills.failover_problems(_failover(old_leader_back_as_standby_s=None))[0]
+
+
+def test_failures_are_attributed_per_drill_and_bounded():
+    load_summary = {"start_epoch": 1000.0, "failures": [{"t": t} for t in (12.0, 13.0, 14.0, 31.0, 95.0)]}
+    results = [
+        {"drill": "kill -9 etcd member", "kind": "etcd member", "host": "etcd3", "end_epoch": 1010.0,
+         "recovery_epoch": 1005.0},
+        {"drill": "kill -9 router", "kind": "router", "host": "router1", "end_epoch": 1040.0,
+         "recovery_epoch": 1020.0},
+    ]
+    assert drills.attribute_failures(results, load_summary) == 1  # t=95 s: after the last drill
+    assert (results[0]["failed"], results[1]["failed"]) == (0, 4)
+    assert results[1]["failed_after_recovery"] == 1  # t=31 s started after the router was back
+    assert drills.failure_problems(results[0]) == []
+    assert "after recovery" in drills.failure_problems(results[1])[0]
+    # Not on the request path: a single failure during an etcd drill fails it.
+    assert "bound 0" in drills.failure_problems(dict(results[0], failed=1, failed_after_recovery=1))[0]
+    assert "bound 25" in drills.failure_problems(dict(results[1], failed=26, failed_after_recovery=0))[0]
 
 
 def test_serves_needs_n_in_a_row_and_until_serving_waits(monkeypatch):
