@@ -7,6 +7,9 @@
 - vllm_side_channel_ports: the MooncakeConnector side-channel ports pinned for a prefill instance
   (side_channel_port, else base + 16 x its index; one port per TP rank). The env file, preflight's
   collision table and the firewall all use this one definition.
+- mooncake_check_pairs: every (this prefill instance, decode instance) pair for the transfer check,
+  each end as its vLLM instance runs the engine: IP, NICs (device_name / MC_TE_FILTERS) and
+  MC_GID_INDEX from the rdma role's selection, else the instance's own nics/gid_index.
 """
 import re
 
@@ -95,6 +98,34 @@ def vllm_side_channel_ports(inst, instances, base):
     return list(range(first, first + vllm_tp(inst)))
 
 
+def _check_end(host, inst, hostvars, protocol):
+    """One end of a transfer check, as templates/vllm/instance.env.j2 configures that instance."""
+    hv = hostvars[host]
+    name = inst.get('name')
+    sel = (hv.get('rdma_instance_selection') or {}).get(name) or {}
+    nics, gid = [], None
+    if protocol == 'rdma':  # over tcp the instance gets MC_FORCE_TCP and neither of these
+        nics = sel.get('nics', inst.get('nics'))
+        if not nics or isinstance(nics, str):  # 'auto' unresolved (no selection): the host's check device
+            nics = [d for d in str(hv.get('mooncake_check_device') or '').split(',') if d]
+        gid = sel['gid_index'] if 'gid_index' in sel else inst.get('gid_index')
+    env = {}
+    if nics:
+        env['MC_TE_FILTERS'] = ','.join(nics)
+    if gid is not None:
+        env['MC_GID_INDEX'] = str(gid)
+    return {'host': host, 'instance': name, 'ip': str(inst.get('host_ip') or host_ip(host, hostvars)),
+            'device': ','.join(nics), 'gid_index': gid, 'env': env}
+
+
+def mooncake_check_pairs(decode_hosts, prefill_host, hostvars, protocol):
+    """[{source, target}] for every instance of prefill_host x every instance of decode_hosts."""
+    def instances(host):
+        return hostvars[host].get('vllm_instances') or [{'name': None}]
+    return [{'source': _check_end(prefill_host, p, hostvars, protocol), 'target': _check_end(d, i, hostvars, protocol)}
+            for p in instances(prefill_host) for d in decode_hosts for i in instances(d)]
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -104,4 +135,5 @@ class FilterModule(object):
             'bundle_mooncake_store_cfg': mooncake_store_cfg,
             'bundle_vllm_tp': vllm_tp,
             'bundle_vllm_side_channel_ports': vllm_side_channel_ports,
+            'bundle_mooncake_check_pairs': mooncake_check_pairs,
         }

@@ -14,10 +14,13 @@ Input, one dict per cluster, assembled by the playbook from what each host repor
          vLLM rows also: role, port, gpus, protocol, nics, gid_index, rate_gbps (link rate, Gbit/s)
   transfer_check: whether the transfer matrix was measured (default true)
   prefills, decodes: host lists (matrix rows and columns)
-  transfers: [{source, target, ok, gbps (Gbit/s, as mooncake-check reports it), error}]
+  transfers: [{source, target (hosts), source_instance, target_instance, ok, gbps (Gbit/s, as
+              mooncake-check reports it), ratio, min_ratio, floor_met, error}]; one per instance pair,
+              so a matrix cell (host pair) may hold several: it shows the slowest, and is red if any is
 
 Red: a unit not running, a failed health probe (unhealthy etcd member, unhealthy master, vLLM or
-router /health not 200), no healthy master leader when there are masters, a failed or missing transfer.
+router /health not 200), no healthy master leader when there are masters, a failed or missing
+transfer, a transfer whose Mooncake/raw-TCP ratio is below the protocol's floor (floor_met false).
 A tcp cluster (no RDMA) shows tcp and n/a for NICs, GID and link rate; that is not red.
 """
 
@@ -72,7 +75,22 @@ def _host_link(units):
 
 
 def _transfers(data):
-    return {(t.get('source'), t.get('target')): t for t in data.get('transfers') or []}
+    """(source host, target host) -> the results of its instance pairs."""
+    out = {}
+    for t in data.get('transfers') or []:
+        out.setdefault((t.get('source'), t.get('target')), []).append(t)
+    return out
+
+
+def _pair_name(t):
+    names = [t.get('source'), t.get('target')]
+    if t.get('source_instance') or t.get('target_instance'):
+        names = ['%s/%s' % (h, i) for h, i in zip(names, [t.get('source_instance'), t.get('target_instance')])]
+    return '%s -> %s' % tuple(names)
+
+
+def _below_floor(t):
+    return t.get('ok') and t.get('floor_met') is False
 
 
 def bundle_status_red(data):
@@ -91,11 +109,15 @@ def bundle_status_red(data):
         seen = _transfers(data)
         for src in data.get('prefills') or []:
             for dst in data.get('decodes') or []:
-                res = seen.get((src, dst))
-                if res is None:
+                results = seen.get((src, dst))
+                if not results:
                     red.append('transfer %s -> %s: not run' % (src, dst))
-                elif not res.get('ok'):
-                    red.append('transfer %s -> %s failed: %s' % (src, dst, _txt(res.get('error'))))
+                for res in results or []:
+                    if not res.get('ok'):
+                        red.append('transfer %s failed: %s' % (_pair_name(res), _txt(res.get('error'))))
+                    elif _below_floor(res):
+                        red.append('transfer %s: Mooncake/raw-TCP ratio %s below the floor %s'
+                                   % (_pair_name(res), _txt(res.get('ratio')), _txt(res.get('min_ratio'))))
     return red
 
 
@@ -148,21 +170,26 @@ def bundle_status_table(data):
         if not data.get('transfer_check', True):
             out.append('Transfers: not measured (status_transfer_check=false)')
         else:
-            out.append('Transfers prefill -> decode, mooncake-check (GB/s; beside it the link rate, n/a over tcp)')
+            out.append('Transfers prefill -> decode, mooncake-check (GB/s, the slowest instance pair; beside it the link rate, n/a over tcp)')
             seen, links = _transfers(data), _host_link(units)
             rows = []
             for src in prefills:
                 row = [src]
                 for dst in decodes:
-                    res = seen.get((src, dst))
-                    if res is None:
+                    results = seen.get((src, dst)) or []
+                    low = [r for r in results if _below_floor(r)]
+                    if not results:
                         row.append('%s not run' % RED)
-                    elif not res.get('ok'):
+                    elif not all(r.get('ok') for r in results):
                         row.append('%s failed' % RED)
+                    elif low:
+                        worst = min(low, key=lambda r: r.get('ratio') or 0)
+                        row.append('%s ratio %s < %s' % (RED, _txt(worst.get('ratio')), _txt(worst.get('min_ratio'))))
                     else:
                         ends = [links.get(src), links.get(dst)]
                         link = None if None in ends else min(ends)
-                        row.append('%s / link %s' % (_gbytes(res.get('gbps')), _gbytes(link)))
+                        slowest = min(float(r.get('gbps') or 0) for r in results)
+                        row.append('%s / link %s' % (_gbytes(slowest), _gbytes(link)))
                 rows.append(row)
             out.extend(_table(['prefill \\ decode'] + list(decodes), rows))
 

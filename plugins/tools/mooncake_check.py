@@ -3,7 +3,8 @@
 
   serve  target side: registers a zeroed buffer, answers on a plain TCP control port.
   probe  initiator: writes (or reads) pseudo-random bytes into the target's buffer with the
-         transfer engine, checks sha256 on both ends, compares with a raw TCP baseline.
+         transfer engine, checks sha256 on both ends, and compares with a raw TCP stream on the
+         same pair, the two interleaved round by round; --min-ratio makes the ratio a floor.
   store  put/get round trip through mooncake_master (put on one host, get on another).
 
 Only the standard library and the mooncake wheel are used, so it runs in /opt/mooncake/venv.
@@ -16,6 +17,7 @@ import os
 import random
 import re
 import socket
+import statistics
 import sys
 import time
 
@@ -44,14 +46,49 @@ def gbps(nbytes, seconds):
     return round(nbytes * 8 / seconds / 1e9, 3) if seconds > 0 else None
 
 
-def build_result(source, target, protocol, nbytes, sha_src, sha_dst, mc_s, tcp_s, direction="write"):
-    """The JSON document probe prints. *_gbps are Gbit/s; ratio > 1: Mooncake beat raw TCP."""
-    mc, tcp = gbps(nbytes, mc_s), gbps(nbytes, tcp_s) if tcp_s is not None else None
+def build_result(source, target, protocol, nbytes, sha_src, sha_dst, mc_times, tcp_times, direction="write",
+                 duration=None, min_ratio=0.0, device=(), hcas=(), gid_index=None):
+    """The JSON document probe prints. mc_times/tcp_times: seconds of each full-buffer round per
+    side, interleaved (tcp_times None: no baseline). *_gbps are Gbit/s over all rounds. ratio is the
+    median over rounds of (raw TCP round time / the Mooncake round just before it): each pair ran
+    under the same load, and the median ignores a burst that hit a few rounds; > 1: Mooncake beat
+    raw TCP. floor_met is false when min_ratio > 0 and the ratio is below it (or unknown)."""
+    rounds = len(mc_times)
+    mc_s, tcp_s = sum(mc_times), None if tcp_times is None else sum(tcp_times)
+    moved = nbytes * rounds
+    pairs = [t / m for m, t in zip(mc_times, tcp_times or []) if m > 0]
+    ratio = round(statistics.median(pairs), 3) if pairs else None
     return {"source": source, "target": target, "protocol": protocol, "direction": direction,
             "bytes": nbytes, "sha256": sha_src, "sha256_match": sha_src == sha_dst,
-            "mooncake_seconds": round(mc_s, 6), "mooncake_gbps": mc,
-            "tcp_seconds": None if tcp_s is None else round(tcp_s, 6), "tcp_gbps": tcp,
-            "ratio": round(mc / tcp, 3) if mc and tcp else None}
+            "rounds": rounds, "bytes_moved": moved,
+            "duration": None if duration is None else round(duration, 3),
+            "mooncake_seconds": round(mc_s, 6), "mooncake_gbps": gbps(moved, mc_s),
+            "tcp_seconds": None if tcp_s is None else round(tcp_s, 6),
+            "tcp_gbps": None if tcp_s is None else gbps(moved, tcp_s),
+            "ratio": ratio, "min_ratio": min_ratio,
+            "floor_met": min_ratio <= 0 or (ratio is not None and ratio >= min_ratio),
+            "device": list(device), "hcas": sorted(hcas), "gid_index": gid_index}
+
+
+def interleave(mooncake_round, tcp_round, duration, min_rounds, prepare=None, clock=time.perf_counter):
+    """Run mooncake_round(r) and tcp_round(r) alternately (M,T,M,T,...), r = 1, 2, ..., so both
+    see the same load, until at least min_rounds pairs ran and `duration` seconds passed. Each
+    call moves one full buffer; tcp_round may be None (no baseline); prepare(r), if given, runs
+    before each Mooncake round, untimed. Returns (Mooncake round seconds, TCP round seconds or
+    None, wall seconds); only the transfers themselves are timed."""
+    mc_times, tcp_times, start = [], [], clock()
+    while len(mc_times) < min_rounds or clock() - start < duration:
+        r = len(mc_times) + 1
+        if prepare:
+            prepare(r)
+        t0 = clock()
+        mooncake_round(r)
+        t1 = clock()
+        mc_times.append(t1 - t0)
+        if tcp_round is not None:
+            tcp_round(r)
+            tcp_times.append(clock() - t1)
+    return mc_times, tcp_times if tcp_round is not None else None, clock() - start
 
 
 class Channel:
@@ -106,7 +143,21 @@ def topology_hcas(text):
     return {name for ranks in json.loads(text).values() for names in ranks for name in names}
 
 
+def device_list(device):
+    return [d for d in (device or "").split(",") if d]
+
+
+def gid_index_env():
+    """MC_GID_INDEX as the engine will read it (int), or None when the engine picks the GID."""
+    value = os.environ.get("MC_GID_INDEX", "").strip()
+    try:
+        return int(value)
+    except ValueError:
+        return value or None
+
+
 def make_engine(host_ip, protocol, device):
+    """(engine, HCAs the engine's topology lists; empty for tcp)."""
     forced = os.environ.get("MC_FORCE_TCP", "").lower() not in ("", "0", "false", "no")
     if protocol == "tcp":  # else the engine still brings up RDMA where HCAs exist
         os.environ.setdefault("MC_FORCE_TCP", "1")
@@ -117,14 +168,15 @@ def make_engine(host_ip, protocol, device):
     rc = te.initialize(host_ip, "P2PHANDSHAKE", protocol, device or "")
     if rc != 0:
         raise RuntimeError(f"initialize({host_ip}, P2PHANDSHAKE, {protocol}) returned {rc}")
+    hcas = set()
     if protocol == "rdma":  # with no HCA, initialize() returns 0 and transfers silently use TCP
         hcas = topology_hcas(te.get_local_topology())
-        missing = set(filter(None, (device or "").split(","))) - hcas
+        missing = set(device_list(device)) - hcas
         if not hcas:
             raise RuntimeError("--protocol rdma, but the engine found no RDMA device (would use TCP)")
         if missing:
             raise RuntimeError(f"--device {sorted(missing)} not among the engine's devices {sorted(hcas)}")
-    return te
+    return te, hcas
 
 
 def log(msg):
@@ -154,12 +206,13 @@ def serve_session(ch, buf, hello):
 
 
 def cmd_serve(a):
-    te = make_engine(a.host_ip, a.protocol, a.device)
+    te, hcas = make_engine(a.host_ip, a.protocol, a.device)
     buf = Buffer(a.size).register(te)
     hello = {"rpc_port": te.get_rpc_port(), "buffer_addr": buf.addr, "size": a.size, "protocol": a.protocol}
     lsock = socket.create_server((a.host_ip, a.control_port))
     deadline = time.monotonic() + a.timeout
-    log(f"serving {hello} control {a.host_ip}:{a.control_port}")
+    log(f"serving {hello} control {a.host_ip}:{a.control_port}, devices {sorted(hcas) or '-'}, "
+        f"MC_GID_INDEX {gid_index_env()}")
     while (left := deadline - time.monotonic()) > 0:
         lsock.settimeout(left)
         try:
@@ -177,12 +230,18 @@ def cmd_serve(a):
     return 2
 
 
+FLOOR_RC = 3  # sha256 matched, but Mooncake ran below --min-ratio of raw TCP
+STAMP_STRIDE = 64 << 10  # the engine's default slice size: every slice of a write round is stamped
+
+
 def cmd_probe(a):
-    te = make_engine(a.host_ip, a.protocol, a.device)
+    if a.min_ratio > 0 and a.no_tcp:
+        raise ValueError("--min-ratio needs the raw TCP baseline (drop --no-tcp)")
+    te, hcas = make_engine(a.host_ip, a.protocol, a.device)
     sock = socket.create_connection((a.target, a.control_port), timeout=a.timeout)
     ch = Channel(sock)
     try:
-        res = measure(a, te, ch, ch.recv())
+        res = measure(a, te, ch, ch.recv(), hcas)
     finally:
         if not a.keep_target:  # release the target even when we fail: our exit code carries the verdict
             try:
@@ -192,13 +251,22 @@ def cmd_probe(a):
             except OSError:
                 pass
     print(json.dumps(res) if a.json else "\n".join(f"{k:17} {v}" for k, v in res.items()))
+    return verdict(res)
+
+
+def verdict(res):
+    """Exit code for a result: 0 good, 1 sha256 mismatch, FLOOR_RC below the ratio floor."""
     if not res["sha256_match"]:
         log("sha256 mismatch between source and destination buffer")
         return 1
+    if not res["floor_met"]:
+        log(f"ratio {res['ratio']} below the floor {res['min_ratio']}: Mooncake {res['mooncake_gbps']} Gb/s, "
+            f"raw TCP {res['tcp_gbps']} Gb/s, {res['rounds']} interleaved rounds of {res['bytes']} bytes")
+        return FLOOR_RC
     return 0
 
 
-def measure(a, te, ch, hello):
+def measure(a, te, ch, hello, hcas=()):
     if hello.get("protocol") != a.protocol:
         raise RuntimeError(f"protocol mismatch: target {hello.get('protocol')}, probe {a.protocol}")
     if a.size > hello["size"]:
@@ -216,28 +284,43 @@ def measure(a, te, ch, hello):
         xfer = te.batch_transfer_sync_read
     else:
         buf.fill(payload(seed, n))
-        want = sha256_hex(buf.mem)
         xfer = te.batch_transfer_sync_write
-    mc_s = None
-    for _ in range(a.iterations):  # best of N: the first run also pays the handshake
-        t0 = time.perf_counter()
+
+    stamps = range(0, n, STAMP_STRIDE)
+
+    def prepare(r):
+        """Make each round's bytes provable: a read lands in a zeroed buffer; a write carries the
+        round number every STAMP_STRIDE bytes, so the final sha256 matches only the last round."""
+        if a.read:
+            ctypes.memset(buf.addr, 0, n)
+        else:
+            stamp = r.to_bytes(8, "little")
+            for o in stamps:
+                ctypes.memmove(buf.addr + o, stamp, min(8, n - o))
+
+    def mooncake_round(r):
         rc = xfer(peer, srcs, dsts, lens)
-        mc_s = min(mc_s or 1e9, time.perf_counter() - t0)
         if rc != 0:
-            raise RuntimeError(f"batch_transfer_sync_{direction} to {peer} returned {rc}")
-    if a.read:
-        got = sha256_hex(buf.mem)
-    else:
-        ch.send({"op": "verify"})
-        got = ch.recv()["sha256"]
-    tcp_s = None
-    for _ in range(0 if a.no_tcp else a.iterations):  # raw TCP baseline, same bytes, same pair
-        t0 = time.perf_counter()
+            raise RuntimeError(f"batch_transfer_sync_{direction} to {peer} returned {rc} (round {r})")
+
+    def tcp_round(_):  # raw TCP, same bytes, same pair, same control connection
         ch.send({"op": "tcp_sink", "bytes": n})
         ch.sock.sendall(memoryview(buf.mem))
         ch.recv()
-        tcp_s = min(tcp_s or 1e9, time.perf_counter() - t0)
-    return build_result(a.host_ip, a.target, a.protocol, n, want, got, mc_s, tcp_s, direction)
+
+    prepare(0)
+    mooncake_round(0)  # warm-up, untimed: the first transfer also pays for the handshake
+    mc_times, tcp_times, wall = interleave(mooncake_round, None if a.no_tcp else tcp_round,
+                                           a.duration, a.iterations, prepare)
+    if a.read:
+        got = sha256_hex(buf.mem)
+    else:
+        want = sha256_hex(buf.mem)
+        ch.send({"op": "verify"})
+        got = ch.recv()["sha256"]
+    return build_result(a.host_ip, a.target, a.protocol, n, want, got, mc_times, tcp_times, direction,
+                        duration=wall, min_ratio=a.min_ratio, device=device_list(a.device),
+                        hcas=hcas, gid_index=gid_index_env())
 
 
 def put_with_retries(st, key, data, attempts, pause=2.0):
@@ -325,7 +408,12 @@ def build_parser():
     r.add_argument("--control-port", type=int, default=18800)
     r.add_argument("--size", type=parse_size, default="64MiB")
     r.add_argument("--chunk", type=parse_size, default="16MiB", help="largest slice per transfer request")
-    r.add_argument("--iterations", type=int, default=3, help="report the best of N runs of each transfer")
+    r.add_argument("--duration", type=float, default=4.0,
+                   help="seconds of interleaved rounds (Mooncake, raw TCP, Mooncake, ...), each one full buffer")
+    r.add_argument("--iterations", type=int, default=3, help="at least N rounds per side, however long they take")
+    r.add_argument("--min-ratio", type=float, default=0.0,
+                   help=f"floor for the ratio (median over rounds of raw TCP time / Mooncake time); "
+                   f"below it exit {FLOOR_RC} (0: no floor)")
     r.add_argument("--read", action="store_true", help="test transfer_sync_read (target -> probe) instead")
     r.add_argument("--no-tcp", action="store_true", help="skip the raw TCP baseline")
     r.add_argument("--keep-target", action="store_true", help="do not send 'bye' to the target")

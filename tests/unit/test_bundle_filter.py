@@ -39,3 +39,45 @@ def test_size_bytes(value, bytes_):
 def test_size_bytes_refuses(value):
     with pytest.raises(bf.AnsibleFilterError):
         bf.size_bytes(value)
+
+
+def _check_hostvars():
+    return {
+        "p1": {"common_host_ip": "10.0.0.1", "vllm_instances": [{"name": "prefill0"}, {"name": "prefill1", "host_ip": "10.1.0.1"}],
+               "rdma_instance_selection": {"prefill0": {"nics": ["mlx5_0", "mlx5_1"], "gid_index": 3},
+                                           "prefill1": {"nics": ["mlx5_2"], "gid_index": None}}},
+        "d1": {"common_host_ip": "10.0.0.2", "vllm_instances": [{"name": "decode0", "nics": ["mlx5_4"], "gid_index": 1}],
+               "mooncake_check_device": "mlx5_9"},
+        "d2": {"ansible_host": "10.0.0.3", "vllm_instances": [{"name": "decode0", "nics": "auto"}],
+               "mooncake_check_device": "mlx5_0,mlx5_1"},
+    }
+
+
+def test_check_pairs_every_instance_pair_as_the_instances_run_the_engine():
+    pairs = bf.mooncake_check_pairs(["d1", "d2"], "p1", _check_hostvars(), "rdma")
+    assert [(p["source"]["instance"], p["target"]["host"], p["target"]["instance"]) for p in pairs] == [
+        ("prefill0", "d1", "decode0"), ("prefill0", "d2", "decode0"),
+        ("prefill1", "d1", "decode0"), ("prefill1", "d2", "decode0")]
+    src0, src1 = pairs[0]["source"], pairs[2]["source"]
+    # the rdma role's selection: NICs and GID index, as instance.env.j2 writes MC_TE_FILTERS / MC_GID_INDEX
+    assert src0 == {"host": "p1", "instance": "prefill0", "ip": "10.0.0.1", "device": "mlx5_0,mlx5_1", "gid_index": 3,
+                    "env": {"MC_TE_FILTERS": "mlx5_0,mlx5_1", "MC_GID_INDEX": "3"}}
+    # InfiniBand (gid_index None): no MC_GID_INDEX; the instance's own host_ip
+    assert (src1["ip"], src1["device"], src1["env"]) == ("10.1.0.1", "mlx5_2", {"MC_TE_FILTERS": "mlx5_2"})
+    # no selection: the instance's own nics/gid_index, else (nics auto) the host's mooncake_check_device
+    assert pairs[0]["target"]["env"] == {"MC_TE_FILTERS": "mlx5_4", "MC_GID_INDEX": "1"}
+    assert (pairs[1]["target"]["ip"], pairs[1]["target"]["device"], pairs[1]["target"]["gid_index"]) == (
+        "10.0.0.3", "mlx5_0,mlx5_1", None)
+
+
+def test_check_pairs_over_tcp_carry_no_nics_or_gid():
+    pairs = bf.mooncake_check_pairs(["d1"], "p1", _check_hostvars(), "tcp")
+    assert len(pairs) == 2
+    assert all(p[end]["device"] == "" and p[end]["env"] == {} and p[end]["gid_index"] is None
+               for p in pairs for end in ("source", "target"))
+
+
+def test_check_pairs_host_without_instances_is_still_checked():
+    hv = {"p": {"common_host_ip": "10.0.0.1"}, "d": {"common_host_ip": "10.0.0.2"}}
+    (pair,) = bf.mooncake_check_pairs(["d"], "p", hv, "tcp")
+    assert (pair["source"]["instance"], pair["target"]["ip"]) == (None, "10.0.0.2")

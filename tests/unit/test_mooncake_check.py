@@ -1,9 +1,10 @@
 """Unit tests for the pure parts of plugins/tools/mooncake_check.py.
 
-The transfer engine is never faked here: the real transfers are exercised by
-tests/integration/test_mooncake_check_netns.py. These tests cover size parsing, the result
-document, and the control protocol over a real socket pair.
+The real transfers are exercised by tests/integration/test_mooncake_check_netns.py. These tests
+cover size parsing, the result document and its floor, the interleaved rounds, the control protocol
+over a real socket pair, and measure() against a fake engine that copies memory as a transfer would.
 """
+import ctypes
 import hashlib
 import importlib.util
 import json
@@ -39,6 +40,29 @@ def test_cli_rejects_bad_size():
     assert e.value.code == 2
 
 
+def test_cli_probe_floor_and_duration():
+    a = mc.build_parser().parse_args(["probe", "--target", "x", "--host-ip", "y"])
+    assert (a.duration, a.iterations, a.min_ratio) == (4.0, 3, 0.0)
+    a = mc.build_parser().parse_args(["probe", "--target", "x", "--host-ip", "y", "--duration", "1.5",
+                                      "--min-ratio", "0.25", "--device", "mlx5_0,mlx5_1"])
+    assert (a.duration, a.min_ratio, mc.device_list(a.device)) == (1.5, 0.25, ["mlx5_0", "mlx5_1"])
+    assert mc.device_list("") == [] and mc.device_list("rxe0,") == ["rxe0"]
+
+
+def test_floor_without_baseline_is_refused(capsys):
+    assert mc.main(["probe", "--target", "x", "--host-ip", "y", "--no-tcp", "--min-ratio", "0.5"]) == 1
+    assert "--min-ratio needs the raw TCP baseline" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value,expected", [(None, None), ("", None), ("3", 3), (" 1 ", 1), ("x", "x")])
+def test_gid_index_from_env(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv("MC_GID_INDEX", raising=False)
+    else:
+        monkeypatch.setenv("MC_GID_INDEX", value)
+    assert mc.gid_index_env() == expected
+
+
 def test_cli_defaults():
     a = mc.build_parser().parse_args(["serve", "--host-ip", "10.0.0.1"])
     assert (a.size, a.control_port, a.protocol, a.timeout) == (64 << 20, 18800, "rdma", 300)
@@ -56,7 +80,7 @@ def test_payload_is_deterministic_and_seed_dependent():
 
 def test_build_result_ratio_and_match():
     n = 1 << 30
-    r = mc.build_result("a", "b", "tcp", n, "s", "s", 1.0, 2.0)
+    r = mc.build_result("a", "b", "tcp", n, "s", "s", [1.0], [2.0])
     assert r["sha256_match"] is True
     assert r["mooncake_gbps"] == pytest.approx(8.59, abs=0.01)  # 2^30 bytes * 8 / 1 s in Gbit/s
     assert r["tcp_gbps"] == pytest.approx(4.295, abs=0.001)
@@ -64,8 +88,81 @@ def test_build_result_ratio_and_match():
     assert json.loads(json.dumps(r)) == r
 
 
+def test_build_result_totals_over_rounds_and_floor():
+    n = 1 << 30
+    r = mc.build_result("a", "b", "rdma", n, "s", "s", [1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5], duration=6.1,
+                        min_ratio=0.5, device=["mlx5_0"], hcas={"mlx5_1", "mlx5_0"}, gid_index=3)
+    assert (r["rounds"], r["bytes"], r["bytes_moved"]) == (4, n, 4 * n)
+    assert r["mooncake_gbps"] == pytest.approx(8.59, abs=0.01)  # 4 GiB in 4 s
+    assert r["ratio"] == pytest.approx(0.5, abs=0.001) and r["floor_met"] is True  # at the floor passes
+    assert (r["device"], r["hcas"], r["gid_index"], r["duration"]) == (["mlx5_0"], ["mlx5_0", "mlx5_1"], 3, 6.1)
+    low = mc.build_result("a", "b", "rdma", n, "s", "s", [1.0, 1.1, 1.0], [0.5, 0.5, 0.49], min_ratio=0.5)
+    assert low["ratio"] == 0.49 and low["floor_met"] is False
+    assert mc.build_result("a", "b", "tcp", n, "s", "s", [40.0], [2.0])["floor_met"] is True  # 0: no floor
+    # A floor with no baseline cannot be met.
+    assert mc.build_result("a", "b", "tcp", n, "s", "s", [1.0], None, min_ratio=0.1)["floor_met"] is False
+
+
+def test_ratio_is_the_median_of_round_pairs_so_a_burst_does_not_decide_it():
+    # Rounds 2 and 3: a load burst slowed Mooncake (10 s); totals alone would say 0.09.
+    r = mc.build_result("a", "b", "tcp", 1 << 30, "s", "s", [1.0, 10.0, 10.0, 1.0, 1.0], [1.0] * 5, min_ratio=0.5)
+    assert r["tcp_seconds"] / r["mooncake_seconds"] == pytest.approx(0.217, abs=0.001)
+    assert r["ratio"] == 1.0 and r["floor_met"] is True
+    # ... but a Mooncake path slow in most rounds fails
+    r = mc.build_result("a", "b", "tcp", 1 << 30, "s", "s", [1.0, 10.0, 10.0, 10.0, 1.0], [1.0] * 5, min_ratio=0.5)
+    assert r["ratio"] == 0.1 and r["floor_met"] is False
+
+
+def test_verdict_exit_codes(capsys):
+    ok = mc.build_result("a", "b", "tcp", 100, "s", "s", [1.0], [1.0], min_ratio=0.5)  # 0.0 Gb/s each, ratio 1
+    assert mc.verdict(ok) == 0
+    low = mc.build_result("a", "b", "tcp", 100, "s", "s", [3.0], [1.0], min_ratio=0.5)
+    assert mc.verdict(low) == mc.FLOOR_RC == 3
+    assert "ratio 0.333 below the floor 0.5" in capsys.readouterr().err
+    bad = mc.build_result("a", "b", "tcp", 100, "s", "t", [3.0], [1.0], min_ratio=0.5)
+    assert mc.verdict(bad) == 1  # a mismatch outranks the floor
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_interleave_alternates_until_duration_and_times_only_transfers():
+    clock, calls = _Clock(), []
+
+    def mooncake(r):
+        calls.append(("M", r))
+        clock.now += 0.5
+
+    def tcp(r):
+        calls.append(("T", r))
+        clock.now += 0.25
+
+    def prepare(r):
+        calls.append(("P", r))
+        clock.now += 10.0  # untimed, but it counts towards the duration
+
+    mc_t, tcp_t, wall = mc.interleave(mooncake, tcp, 2.0, 1, clock=clock)
+    assert calls == [("M", 1), ("T", 1), ("M", 2), ("T", 2), ("M", 3), ("T", 3)]  # 0.75 s per pair
+    assert (mc_t, tcp_t, wall) == ([0.5] * 3, [0.25] * 3, 2.25)
+    calls.clear()
+    mc_t, tcp_t, wall = mc.interleave(mooncake, tcp, 1.0, 2, prepare=prepare, clock=clock)
+    assert calls == [("P", 1), ("M", 1), ("T", 1), ("P", 2), ("M", 2), ("T", 2)]  # min_rounds beats duration
+    assert (mc_t, tcp_t) == ([0.5] * 2, [0.25] * 2) and wall == pytest.approx(21.5)
+
+
+def test_interleave_without_baseline():
+    clock = _Clock()
+    mc_t, tcp_t, _ = mc.interleave(lambda r: setattr(clock, "now", clock.now + 1), None, 0, 3, clock=clock)
+    assert (mc_t, tcp_t) == ([1.0] * 3, None)
+
+
 def test_build_result_mismatch_and_no_baseline():
-    r = mc.build_result("a", "b", "rdma", 100, "s1", "s2", 0.5, None, "read")
+    r = mc.build_result("a", "b", "rdma", 100, "s1", "s2", [0.5], None, "read")
     assert r["sha256_match"] is False
     assert r["tcp_gbps"] is None and r["ratio"] is None and r["direction"] == "read"
 
@@ -232,3 +329,69 @@ def test_get_removes_the_key_only_after_a_good_read():
     assert mc.get_checked(st, "k", want, True)[2] is True and st.removed == ["k"]
     st = _FakeStore(gets=[b"x" * 1000])
     assert mc.get_checked(st, "k", want, True)[2] is False and st.removed == []  # wrong content: keep it
+
+
+class _FakeEngine:
+    """Stands in for TransferEngine in measure(): a 'transfer' is a memmove between two buffers of this
+    process; skip=(round, slice) leaves one slice of one round undelivered."""
+
+    def __init__(self, skip=None):
+        self.calls, self.skip = 0, skip
+
+    def register_memory(self, addr, n):
+        return 0
+
+    def _copy(self, srcs, dsts, lens):
+        for i, (s, d, n) in enumerate(zip(srcs, dsts, lens)):
+            if self.skip != (self.calls, i):
+                ctypes.memmove(d, s, n)
+        self.calls += 1
+        return 0
+
+    def batch_transfer_sync_write(self, peer, srcs, dsts, lens):
+        return self._copy(srcs, dsts, lens)
+
+    def batch_transfer_sync_read(self, peer, srcs, dsts, lens):
+        return self._copy(dsts, srcs, lens)  # read: from the peer's (dst) addresses into ours
+
+
+def _measure(pair, engine, read=False, min_ratio=0.0, size=1 << 20):
+    a, b = pair
+    target = mc.Buffer(size)
+    hello = {"rpc_port": 15001, "buffer_addr": target.addr, "size": size, "protocol": "tcp"}
+    t = threading.Thread(target=mc.serve_session, args=(mc.Channel(b), target, hello), daemon=True)
+    t.start()
+    ch = mc.Channel(a)
+    args = mc.build_parser().parse_args(["probe", "--target", "127.0.0.1", "--host-ip", "127.0.0.1", "--protocol",
+                                         "tcp", "--size", str(size), "--chunk", str(size // 4), "--duration", "0",
+                                         "--iterations", "3", "--min-ratio", str(min_ratio), "--device", "d0"]
+                                        + (["--read"] if read else []))
+    res = mc.measure(args, engine, ch, ch.recv(), {"d0"})
+    ch.send({"op": "bye"})
+    ch.recv()
+    t.join(10)
+    return res
+
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_measure_interleaves_and_checks_every_round(pair, read):
+    eng = _FakeEngine()
+    res = _measure(pair, eng, read=read)
+    assert res["sha256_match"] is True and res["direction"] == ("read" if read else "write")
+    assert res["rounds"] == 3 and eng.calls == 4  # a warm-up, then 3 timed rounds
+    assert res["bytes_moved"] == 3 << 20 and res["tcp_gbps"] > 0 and res["ratio"] is not None
+    assert (res["device"], res["hcas"], res["floor_met"]) == (["d0"], ["d0"], True)
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_measure_catches_a_slice_missing_from_the_last_round(pair, read):
+    # Earlier rounds delivered that slice: only the per-round stamp (write) or zeroing (read) shows it.
+    res = _measure(pair, _FakeEngine(skip=(3, 2)), read=read)
+    assert res["sha256_match"] is False and mc.verdict(res) == 1
+
+
+def test_measure_below_the_floor_fails(pair):
+    res = _measure(pair, _FakeEngine(), min_ratio=1e6)  # no transfer beats raw TCP a million times
+    assert res["sha256_match"] is True and res["floor_met"] is False
+    assert mc.verdict(res) == mc.FLOOR_RC

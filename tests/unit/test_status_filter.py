@@ -131,3 +131,34 @@ def test_input_is_not_modified():
     status.bundle_status_table(data)
     status.bundle_status_red(data)
     assert data == before
+
+
+def test_ratio_below_floor_turns_the_cell_red():
+    data = green_lab()
+    data["transfers"][1].update(source_instance="prefill0", target_instance="decode0", ratio=0.31,
+                                min_ratio=0.5, floor_met=False)
+    red = status.bundle_status_red(data)
+    assert red == ["transfer p1/prefill0 -> d2/decode0: Mooncake/raw-TCP ratio 0.31 below the floor 0.5"]
+    table = status.bundle_status_table(data)
+    assert table.splitlines()[0] == "CLUSTER lab: RED, 1 problem"
+    assert "RED ratio 0.31 < 0.5" in table and "1.00 GB/s / link n/a" in table  # d1 stays green
+    data["transfers"][1]["floor_met"] = True
+    assert status.bundle_status_red(data) == []
+
+
+def test_instance_pairs_of_one_host_pair_share_a_cell():
+    data = green_lab()
+    data["transfers"] = [
+        {"source": "p1", "target": "d1", "source_instance": "prefill0", "target_instance": "decode0", "ok": True,
+         "gbps": 16.0, "floor_met": True},
+        {"source": "p1", "target": "d1", "source_instance": "prefill1", "target_instance": "decode0", "ok": True,
+         "gbps": 8.0, "floor_met": True},
+        {"source": "p1", "target": "d2", "source_instance": "prefill0", "target_instance": "decode0", "ok": True,
+         "gbps": 16.0, "floor_met": True},
+        {"source": "p1", "target": "d2", "source_instance": "prefill1", "target_instance": "decode0", "ok": False,
+         "error": "sha256 mismatch"},
+    ]
+    assert status.bundle_status_red(data) == ["transfer p1/prefill1 -> d2/decode0 failed: sha256 mismatch"]
+    table = status.bundle_status_table(data)
+    assert "1.00 GB/s / link n/a" in table  # the slowest of the two pairs to d1
+    assert "RED failed" in table
