@@ -3,7 +3,7 @@
 #   scripts/lab/molecule.sh test            # full sequence
 #   scripts/lab/molecule.sh create|converge|verify|destroy|login -h prefill1
 # Env: PD_LAB_CACHE (default ~/.cache/pd-lab), PD_LAB_IMAGE, PD_LAB_VENV (venv with molecule,
-# default .venv of the repo, else /work/venv-probe), PD_LAB_SKIP_PREPARE=1 to skip the cache steps.
+# default .venv of the repo), PD_LAB_SKIP_PREPARE=1 to skip the cache steps.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -12,7 +12,7 @@ export PD_LAB_IMAGE=${PD_LAB_IMAGE:-local/pd-lab-debian12:latest}
 
 venv=${PD_LAB_VENV:-}
 if [[ -z "$venv" ]]; then
-  for v in "$repo/.venv" /work/venv-probe; do [[ -x "$v/bin/molecule" ]] && { venv=$v; break; }; done
+  [[ -x "$repo/.venv/bin/molecule" ]] && venv=$repo/.venv
 fi
 [[ -n "$venv" && -x "$venv/bin/molecule" ]] || { echo "no venv with molecule (set PD_LAB_VENV)" >&2; exit 1; }
 # molecule looks up ansible-config etc. on PATH.

@@ -5,7 +5,7 @@ store object. Needs root (ip netns) and a Python that imports the mooncake wheel
 MOONCAKE_CHECK_PYTHON, or use /opt/mooncake/venv, or run pytest from such a venv.
 Traffic stays on loopback and inside the namespaces this test creates.
 
-    sudo MOONCAKE_CHECK_PYTHON=/work/venv-mc/bin/python python -m pytest -s tests/integration
+    sudo MOONCAKE_CHECK_PYTHON=<venv with the engine wheel>/bin/python python -m pytest -s tests/integration
 """
 import json
 import os
