@@ -20,6 +20,8 @@ def test_no_machine_paths_in_tracked_files():
     found = []
     for name in filter(None, files.decode().split("\0")):
         path = REPO / name
+        if path == Path(__file__).resolve():  # its own examples below
+            continue
         if not path.is_file() or path.stat().st_size > 2_000_000:
             continue
         try:
