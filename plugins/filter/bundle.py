@@ -7,6 +7,8 @@
 - vllm_side_channel_ports: the MooncakeConnector side-channel ports pinned for a prefill instance
   (side_channel_port, else base + 16 x its index; one port per TP rank). The env file, preflight's
   collision table and the firewall all use this one definition.
+- vllm_engine_nics: an instance's NICs and GID index as its engine gets them (the rdma role's
+  selection, else the instance's own nics/gid_index). The env file and the transfer check both use it.
 - mooncake_check_pairs: every (this prefill instance, decode instance) pair for the transfer check,
   each end as its vLLM instance runs the engine: IP, NICs (device_name / MC_TE_FILTERS) and
   MC_GID_INDEX from the rdma role's selection, else the instance's own nics/gid_index.
@@ -98,23 +100,31 @@ def vllm_side_channel_ports(inst, instances, base):
     return list(range(first, first + vllm_tp(inst)))
 
 
+def vllm_engine_nics(inst, selection):
+    """{'nics': [...], 'gid_index': int or None} of a vLLM instance: the rdma role's selection for it
+    (rdma_instance_selection) first, else the instance's own nics / gid_index. An unresolved 'auto'
+    (a string) is no NIC list."""
+    sel = (selection or {}).get(inst.get('name')) or {}
+    nics = sel['nics'] if 'nics' in sel else inst.get('nics')
+    gid = sel['gid_index'] if 'gid_index' in sel else inst.get('gid_index')
+    return {'nics': [] if not nics or isinstance(nics, str) else list(nics), 'gid_index': gid}
+
+
 def _check_end(host, inst, hostvars, protocol):
     """One end of a transfer check, as templates/vllm/instance.env.j2 configures that instance."""
     hv = hostvars[host]
-    name = inst.get('name')
-    sel = (hv.get('rdma_instance_selection') or {}).get(name) or {}
     nics, gid = [], None
     if protocol == 'rdma':  # over tcp the instance gets MC_FORCE_TCP and neither of these
-        nics = sel.get('nics', inst.get('nics'))
-        if not nics or isinstance(nics, str):  # 'auto' unresolved (no selection): the host's check device
-            nics = [d for d in str(hv.get('mooncake_check_device') or '').split(',') if d]
-        gid = sel['gid_index'] if 'gid_index' in sel else inst.get('gid_index')
+        eng = vllm_engine_nics(inst, hv.get('rdma_instance_selection'))
+        # No NIC list (no selection, 'auto' unresolved): the host's check device.
+        nics = eng['nics'] or [d for d in str(hv.get('mooncake_check_device') or '').split(',') if d]
+        gid = eng['gid_index']
     env = {}
     if nics:
         env['MC_TE_FILTERS'] = ','.join(nics)
     if gid is not None:
         env['MC_GID_INDEX'] = str(gid)
-    return {'host': host, 'instance': name, 'ip': str(inst.get('host_ip') or host_ip(host, hostvars)),
+    return {'host': host, 'instance': inst.get('name'), 'ip': str(inst.get('host_ip') or host_ip(host, hostvars)),
             'device': ','.join(nics), 'gid_index': gid, 'env': env}
 
 
@@ -136,4 +146,5 @@ class FilterModule(object):
             'bundle_vllm_tp': vllm_tp,
             'bundle_vllm_side_channel_ports': vllm_side_channel_ports,
             'bundle_mooncake_check_pairs': mooncake_check_pairs,
+            'bundle_vllm_engine_nics': vllm_engine_nics,
         }

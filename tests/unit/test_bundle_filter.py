@@ -81,3 +81,13 @@ def test_check_pairs_host_without_instances_is_still_checked():
     hv = {"p": {"common_host_ip": "10.0.0.1"}, "d": {"common_host_ip": "10.0.0.2"}}
     (pair,) = bf.mooncake_check_pairs(["d"], "p", hv, "tcp")
     assert (pair["source"]["instance"], pair["target"]["ip"]) == (None, "10.0.0.2")
+
+
+def test_vllm_engine_nics_selection_first_then_the_instance():
+    inst = {"name": "prefill0", "nics": ["mlx5_9"], "gid_index": 5}
+    sel = {"prefill0": {"nics": ["mlx5_0", "mlx5_1"], "gid_index": 3}}
+    assert bf.vllm_engine_nics(inst, sel) == {"nics": ["mlx5_0", "mlx5_1"], "gid_index": 3}
+    assert bf.vllm_engine_nics(inst, {}) == {"nics": ["mlx5_9"], "gid_index": 5}
+    assert bf.vllm_engine_nics(inst, None) == {"nics": ["mlx5_9"], "gid_index": 5}
+    # 'auto' not resolved by a selection is no NIC list; a selection's gid_index 0 is kept.
+    assert bf.vllm_engine_nics({"name": "d", "nics": "auto"}, {"d": {"gid_index": 0}}) == {"nics": [], "gid_index": 0}
