@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lint unit render-test preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-drills lab-rolling molecule-test rdma-test clean
+.PHONY: venv lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-drills lab-rolling molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -28,6 +28,10 @@ unit: venv
 
 render-test: venv
 	$(PY) -m pytest -q tests/render
+
+# Record what inventory/prod renders (tests/render/prod-render.sha256); commit it with the change.
+render-manifest: venv
+	$(PY) tests/render/make_manifest.py
 
 preflight-test: venv
 	$(PY) -m pytest -q tests/preflight

@@ -90,3 +90,13 @@ def store_render(tmp_path_factory):
     })
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     return out
+
+
+def render_manifest(root):
+    """'<sha256>  <host>/<path>' for every file of a render, sorted: what byte-identical compares."""
+    import hashlib
+    lines = []
+    for p in sorted(Path(root).rglob('*')):
+        if p.is_file():
+            lines.append('%s  %s' % (hashlib.sha256(p.read_bytes()).hexdigest(), p.relative_to(root).as_posix()))
+    return '\n'.join(lines) + '\n'

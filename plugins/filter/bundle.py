@@ -12,6 +12,10 @@
 - mooncake_check_pairs: every (this prefill instance, decode instance) pair for the transfer check,
   each end as its vLLM instance runs the engine: IP, NICs (device_name / MC_TE_FILTERS) and
   MC_GID_INDEX from the rdma role's selection, else the instance's own nics/gid_index.
+- master_ha:          whether the Mooncake masters elect a leader through etcd (mooncake_master_ha:
+  auto = 2+ masters). The master's flags, the clients' master address and preflight all use it.
+- metadata_backend:   where store-mode engines keep their segment metadata (mooncake_metadata_backend:
+  auto = etcd when the masters are HA, else the first master's HTTP metadata server).
 """
 import re
 
@@ -136,6 +140,31 @@ def mooncake_check_pairs(decode_hosts, prefill_host, hostvars, protocol):
             for p in instances(prefill_host) for d in decode_hosts for i in instances(d)]
 
 
+def _boollike(value):
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ('true', 'yes', 'on', '1'):
+        return True
+    if str(value).strip().lower() in ('false', 'no', 'off', '0'):
+        return False
+    raise AnsibleFilterError('not a boolean or auto: %r' % (value,))
+
+
+def master_ha(setting, masters):
+    """HA masters: 'auto' is HA with 2 or more masters; true/false force it."""
+    if str(setting).strip().lower() == 'auto':
+        return len(masters or []) > 1
+    return _boollike(setting)
+
+
+def metadata_backend(setting, ha):
+    """'auto' resolves to etcd with HA masters: the HTTP metadata server lives in one master's memory,
+    so restarting that master (leader or standby) would lose every engine's segment metadata."""
+    if str(setting) == 'auto':
+        return 'etcd' if ha else 'http'
+    return str(setting)
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -147,4 +176,6 @@ class FilterModule(object):
             'bundle_vllm_side_channel_ports': vllm_side_channel_ports,
             'bundle_mooncake_check_pairs': mooncake_check_pairs,
             'bundle_vllm_engine_nics': vllm_engine_nics,
+            'bundle_master_ha': master_ha,
+            'bundle_metadata_backend': metadata_backend,
         }

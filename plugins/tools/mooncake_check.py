@@ -360,6 +360,18 @@ def get_checked(st, key, want, remove):
     return data, got, ok
 
 
+def get_waiting(st, key, want, remove, wait, pause=1.0):
+    """get_checked, again while the key is not there yet, up to `wait` seconds: the put side may still be
+    setting up (a master elected moments ago). Retrying here, not in a new process, matters: every
+    store client's close() costs about 30 s. Wrong content is a verdict at once."""
+    end = time.monotonic() + wait
+    while True:
+        data, got, ok = get_checked(st, key, want, remove)
+        if ok or data or time.monotonic() >= end:
+            return data, got, ok
+        time.sleep(pause)
+
+
 def cmd_store(a):
     if a.protocol == "tcp":
         os.environ.setdefault("MC_FORCE_TCP", "1")
@@ -379,7 +391,7 @@ def cmd_store(a):
         if not (a.expect_sha256 or a.size):
             raise RuntimeError("get needs --expect-sha256 or --size")
         want = (a.expect_sha256 or hashlib.sha256(payload(a.key, a.size)).hexdigest()).lower()
-        data, got, ok = get_checked(st, a.key, want, a.remove)
+        data, got, ok = get_waiting(st, a.key, want, a.remove, a.wait)
         print(json.dumps({"key": a.key, "bytes": len(data), "sha256": got, "sha256_match": got == want}))
         return 0 if ok else 1
     finally:
@@ -439,6 +451,7 @@ def build_parser():
     get.add_argument("--expect-sha256")
     get.add_argument("--size", type=parse_size, help="rebuild the expected content from key and size")
     get.add_argument("--remove", action="store_true", help="remove the key after a good read (releases a holding put)")
+    get.add_argument("--wait", type=float, default=0, help="retry a missing key this many seconds (1 s apart)")
     t.set_defaults(fn=cmd_store)
     return p
 

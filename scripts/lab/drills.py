@@ -292,6 +292,7 @@ def main(argv=None):
                             "unit": "mooncake-master",
                             "standby_leads_s": None if new_leader is None else round(new_leader, 1),
                             "store_ok_s": None if store is None else round(store, 1),
+                            "store_error": None if store is not None else lab.store_error,
                             "old_leader_back_as_standby_s": None if back is None else round(back, 1),
                             "recovery_s": None if new_leader is None else round(new_leader, 1),
                             "recovery_epoch": None if new_leader is None else kill_epoch + new_leader,

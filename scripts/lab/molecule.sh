@@ -26,13 +26,47 @@ if [[ "${PD_LAB_SKIP_PREPARE:-0}" != 1 ]]; then
 fi
 
 cd "$repo"
+# The scenario (-s NAME, default "default") and its hosts, from its inventory: the one place that
+# names the lab's containers and groups (tests/unit/test_lab_inventory.py ties it to molecule.yml).
+scenario=default
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  [[ "${args[i]}" == -s || "${args[i]}" == --scenario-name ]] && scenario=${args[i + 1]:-default}
+done
+lab_hosts() { ansible -i "$repo/molecule/$scenario/inventory" "$1" --list-hosts 2>/dev/null | awk 'NR > 1 {print $1}'; }
+docker_cmd=${DOCKER:-docker}
+
+# Teardown on a busy machine: molecule's destroy waits about 72 s for docker to remove a container;
+# vLLM containers that are still stopping their units stayed "Removal In Progress" past that once,
+# and destroy exited 2. So: stop the containers first (systemd stops the units in order, up to
+# 90 s), and after molecule, remove what is left and wait until docker has really let go.
+if [[ "${1:-}" == destroy && "$scenario" == default ]]; then
+  mapfile -t hosts < <(lab_hosts all)
+  running=()
+  for c in "${hosts[@]}"; do "$docker_cmd" inspect "$c" >/dev/null 2>&1 && running+=("$c"); done
+  ((${#running[@]})) && "$docker_cmd" stop -t 90 "${running[@]}" >/dev/null 2>&1
+  rc=0
+  molecule "$@" || rc=$?
+  for _ in $(seq 1 60); do
+    left=()
+    for c in "${hosts[@]}"; do "$docker_cmd" inspect "$c" >/dev/null 2>&1 && left+=("$c"); done
+    ((${#left[@]} == 0)) && break
+    "$docker_cmd" rm -f "${left[@]}" >/dev/null 2>&1
+    sleep 5
+  done
+  if ((${#left[@]})); then echo "lab destroy: containers still present after 300 s: ${left[*]}" >&2; exit 1; fi
+  ((rc)) && { echo "lab destroy: molecule exited $rc; every lab container is gone, resetting its state" >&2
+              molecule reset -s "$scenario" >/dev/null 2>&1 || true; }
+  exit 0
+fi
+
 molecule "$@" || exit $?
 # In production etcd and the masters run on hosts of their own. In the 2-core docker lab they share
 # the cores with three vLLM containers, whose model loads and engine steps starved etcd for 20 s
 # (leader elections, the masters' leases lost, a failover that did not happen within 30 s). The
 # vLLM containers get a quarter of the default CPU weight; they still use every idle cycle.
-if [[ "${1:-}" == create ]]; then
-  for c in prefill1 decode1 decode2; do
-    if "${DOCKER:-docker}" inspect "$c" >/dev/null 2>&1; then "${DOCKER:-docker}" update --cpu-shares 256 "$c" >/dev/null; fi
+if [[ "${1:-}" == create && "$scenario" == default ]]; then
+  for c in $(lab_hosts 'vllm_prefill:vllm_decode'); do
+    if "$docker_cmd" inspect "$c" >/dev/null 2>&1; then "$docker_cmd" update --cpu-shares 256 "$c" >/dev/null; fi
   done
 fi

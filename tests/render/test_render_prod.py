@@ -123,14 +123,14 @@ def test_master_ha_and_etcd_cluster(prod_render, inventory):
 
 def test_store_mode_mooncake_json(store_render, inventory):
     groups, hv = inventory
-    first_master_ip = hv[groups['mooncake_master'][0]]['ansible_host']
     etcd = ';'.join('%s:2479' % hv[h]['ansible_host'] for h in groups['etcd'])  # etcd's plain Mooncake listener
     for group, role in (('vllm_prefill', 'kv_producer'), ('vllm_decode', 'kv_consumer')):
         for host, inst in instances(inventory, group):
             path = store_render / host / 'etc/vllm' / ('%s.mooncake.json' % inst['name'])
             cfg = json.loads(path.read_text())
             assert cfg['local_hostname'] == hv[host]['ansible_host']
-            assert cfg['metadata_server'] == 'http://%s:8080/metadata' % first_master_ip
+            # HA masters: segment metadata in etcd, not in one master's memory (mooncake_metadata_backend auto).
+            assert cfg['metadata_server'] == 'etcd://' + etcd
             assert cfg['master_server_address'] == 'etcd://' + etcd  # 2 masters: HA, leader found via etcd
             assert cfg['protocol'] == 'rdma'
             assert cfg['device_name'] == ','.join(inst['nics'])
@@ -261,3 +261,25 @@ def test_firewall_rulesets_load_and_protect(prod_render, inventory):
         assert json.dumps(rules[0]).find('"lo"') > 0 and json.dumps(rules[1]).find('established') > 0, rules[:2]
         chain = next(o['chain'] for o in doc if 'chain' in o)
         assert chain['policy'] == 'accept', 'default input policy is accept (firewall_default_drop: false)'
+
+
+MANIFEST = REPO / 'tests' / 'render' / 'prod-render.sha256'
+
+
+def test_render_is_byte_identical_to_the_recorded_one(prod_render):
+    """Every file inventory/prod renders, byte for byte, against tests/render/prod-render.sha256.
+
+    A refactor must not change what lands on hosts. A change that should (a new flag, a fixed unit)
+    updates the manifest in the same commit, so the diff lists every rendered file it touches:
+        make render-manifest
+    """
+    from conftest import render_manifest
+    got = render_manifest(prod_render)
+    want = MANIFEST.read_text() if MANIFEST.exists() else ''
+    if got != want:
+        g = dict(reversed(line.split('  ', 1)) for line in got.splitlines())
+        w = dict(reversed(line.split('  ', 1)) for line in want.splitlines())
+        diff = sorted(f for f in set(g) | set(w) if g.get(f) != w.get(f))
+        raise AssertionError('render of inventory/prod differs from %s in %d file(s): %s\n'
+                             'If the change is intended: make render-manifest, and say why in the commit.'
+                             % (MANIFEST.relative_to(REPO), len(diff), ', '.join(diff[:20])))

@@ -91,3 +91,21 @@ def test_vllm_engine_nics_selection_first_then_the_instance():
     assert bf.vllm_engine_nics(inst, None) == {"nics": ["mlx5_9"], "gid_index": 5}
     # 'auto' not resolved by a selection is no NIC list; a selection's gid_index 0 is kept.
     assert bf.vllm_engine_nics({"name": "d", "nics": "auto"}, {"d": {"gid_index": 0}}) == {"nics": [], "gid_index": 0}
+
+
+@pytest.mark.parametrize("setting,masters,want", [
+    ("auto", ["m1"], False), ("auto", ["m1", "m2"], True), ("auto", [], False),
+    (True, ["m1"], True), ("false", ["m1", "m2"], False), ("yes", ["m1"], True)])
+def test_master_ha(setting, masters, want):
+    assert bf.master_ha(setting, masters) is want
+
+
+def test_master_ha_refuses_a_non_boolean():
+    with pytest.raises(bf.AnsibleFilterError):
+        bf.master_ha("sometimes", ["m1", "m2"])
+
+
+@pytest.mark.parametrize("setting,ha,want", [
+    ("auto", True, "etcd"), ("auto", False, "http"), ("http", True, "http"), ("etcd", False, "etcd")])
+def test_metadata_backend(setting, ha, want):
+    assert bf.metadata_backend(setting, ha) == want

@@ -395,3 +395,14 @@ def test_measure_below_the_floor_fails(pair):
     res = _measure(pair, _FakeEngine(), min_ratio=1e6)  # no transfer beats raw TCP a million times
     assert res["sha256_match"] is True and res["floor_met"] is False
     assert mc.verdict(res) == mc.FLOOR_RC
+
+
+def test_get_waits_for_a_missing_key_but_not_for_wrong_content():
+    data = b"y" * 1000
+    want = hashlib.sha256(data).hexdigest()
+    st = _FakeStore(gets=[b"", b"", data])
+    assert mc.get_waiting(st, "k", want, True, wait=10, pause=0)[2] is True and st.removed == ["k"]
+    st = _FakeStore(gets=[b"", b"x" * 1000, data])
+    assert mc.get_waiting(st, "k", want, True, wait=10, pause=0)[2] is False  # wrong content: no retry
+    st = _FakeStore(gets=[b""] * 50)
+    assert mc.get_waiting(st, "k", want, True, wait=0, pause=0)[2] is False  # no wait: one try
