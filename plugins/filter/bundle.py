@@ -12,6 +12,9 @@
 - mooncake_check_pairs: every (this prefill instance, decode instance) pair for the transfer check,
   each end as its vLLM instance runs the engine: IP, NICs (device_name / MC_TE_FILTERS) and
   MC_GID_INDEX from the rdma role's selection, else the instance's own nics/gid_index.
+- vllm_endpoints:     every vLLM instance of a list of hosts as the fleet reaches it (host, name, ip, port,
+  url, bootstrap_port, engine_id): the router's worker lists, preflight's address and router checks and
+  the benchmark all read this one definition.
 - master_ha:          whether the Mooncake masters elect a leader through etcd (mooncake_master_ha:
   auto = 2+ masters). The master's flags, the clients' master address and preflight all use it.
 - metadata_backend:   where store-mode engines keep their segment metadata (mooncake_metadata_backend:
@@ -140,6 +143,27 @@ def mooncake_check_pairs(decode_hosts, prefill_host, hostvars, protocol):
             for p in instances(prefill_host) for d in decode_hosts for i in instances(d)]
 
 
+def vllm_endpoints(hosts, hostvars, settings_key=None, default_bootstrap_port=None):
+    """[{host, name, ip, port, url, bootstrap_port, engine_id}] for every instance of `hosts`, in order.
+
+    An instance's ip is its host_ip, else its host's (host_ip filter); bootstrap_port its own, else the
+    host's vllm_default_bootstrap_port, else default_bootstrap_port. settings_key reads each host's
+    vllm_instances and vllm_default_bootstrap_port from hostvars[host][settings_key] (preflight's effective
+    settings) instead of hostvars[host]."""
+    out = []
+    for h in hosts or []:
+        hv = hostvars[h]
+        cfg = (hv.get(settings_key) or {}) if settings_key else hv
+        dflt = cfg.get('vllm_default_bootstrap_port', default_bootstrap_port)
+        for i in cfg.get('vllm_instances') or []:
+            ip = str(i.get('host_ip') or host_ip(h, hostvars))
+            out.append({'host': h, 'name': i.get('name'), 'ip': ip, 'port': i.get('port'),
+                        'url': 'http://%s:%s' % (ip, i.get('port')),
+                        'bootstrap_port': i.get('bootstrap_port', dflt),
+                        'engine_id': i.get('engine_id') or '%s-%s' % (h, i.get('name'))})
+    return out
+
+
 def _boollike(value):
     if isinstance(value, bool):
         return value
@@ -176,6 +200,7 @@ class FilterModule(object):
             'bundle_vllm_side_channel_ports': vllm_side_channel_ports,
             'bundle_mooncake_check_pairs': mooncake_check_pairs,
             'bundle_vllm_engine_nics': vllm_engine_nics,
+            'bundle_vllm_endpoints': vllm_endpoints,
             'bundle_master_ha': master_ha,
             'bundle_metadata_backend': metadata_backend,
         }

@@ -109,3 +109,17 @@ def test_master_ha_refuses_a_non_boolean():
     ("auto", True, "etcd"), ("auto", False, "http"), ("http", True, "http"), ("etcd", False, "etcd")])
 def test_metadata_backend(setting, ha, want):
     assert bf.metadata_backend(setting, ha) == want
+
+
+def test_vllm_endpoints_one_definition_of_an_instance_address():
+    hv = {"p1": {"ansible_host": "10.0.0.1", "vllm_default_bootstrap_port": 9000,
+                 "vllm_instances": [{"name": "a", "port": 8100}, {"name": "b", "port": 8101, "bootstrap_port": 9001,
+                                                                  "host_ip": "10.9.0.1", "engine_id": "e-b"}]},
+          "d1": {"common_host_ip": "10.0.1.1", "vllm_instances": [{"name": "c", "port": 8200}]},
+          "x1": {"_cfg": {"vllm_instances": [{"name": "z", "port": 1}]}}}
+    got = bf.vllm_endpoints(["p1", "d1"], hv, default_bootstrap_port=8998)
+    assert [(e["host"], e["url"], e["bootstrap_port"], e["engine_id"]) for e in got] == [
+        ("p1", "http://10.0.0.1:8100", 9000, "p1-a"), ("p1", "http://10.9.0.1:8101", 9001, "e-b"),
+        ("d1", "http://10.0.1.1:8200", 8998, "d1-c")]
+    assert bf.vllm_endpoints(["x1"], hv, "_cfg")[0]["url"] == "http://x1:1"  # settings from a sub-dict
+    assert bf.vllm_endpoints([], hv) == []
