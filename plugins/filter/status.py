@@ -2,6 +2,9 @@
 
 - bundle_status_red:   the reasons the cluster is red (an empty list means green)
 - bundle_status_table: the cluster as one text block: a unit table, then the transfer matrix
+- bundle_status_expected: {host: [units the inventory puts there]} (groups | bundle_status_expected(hostvars))
+- bundle_status_host_rows: one host's unit rows from what its probes returned (see host_rows)
+- bundle_status_units: every expected unit's row; a host that did not report gets 'unreachable' rows
 
 Input, one dict per cluster, assembled by the playbook from what each host reported:
   name:  cluster name
@@ -200,9 +203,118 @@ def bundle_status_table(data):
     return '\n'.join(out)
 
 
+def _trunc(text, n):
+    text = str(text)
+    return text if len(text) <= n else text[:n - 3] + '...'
+
+
+def _unit(services, name):
+    return services.get(name + '.service') or {'state': 'absent', 'status': 'not loaded'}
+
+
+def _get(d, key, default=None):
+    return (d or {}).get(key, default) if isinstance(d, dict) else default
+
+
+def bundle_status_expected(groups, hostvars):
+    """{host: [unit names]}: what the inventory runs on every host, in the table's order."""
+    out = {}
+    vllm = set(groups.get('vllm_prefill', [])) | set(groups.get('vllm_decode', []))
+    for h in groups.get('all', []):
+        names = []
+        if h in groups.get('etcd', []):
+            names.append('etcd')
+        if h in groups.get('mooncake_master', []):
+            names.append('mooncake-master')
+        if h in vllm:
+            names += ['vllm@%s' % i.get('name') for i in (hostvars[h].get('vllm_instances') or [])]
+        if h in groups.get('vllm_router', []):
+            names.append('vllm-router')
+        out[h] = names
+    return out
+
+
+def bundle_status_host_rows(r):
+    """One host's rows. r: {host, etcd, master, vllm_role ('prefill'|'decode'|None), router (bools),
+    services (service_facts), etcd_version, etcd_health, master_health, master_pip, master_package,
+    vllm_instances, vllm_versions, vllm_health (uri loop results), selection (rdma_instance_selection),
+    protocol, router_pip, router_health}; uri results are what ansible.builtin.uri registered."""
+    svc, rows = r.get('services') or {}, []
+    if r.get('etcd'):
+        u, h = _unit(svc, 'etcd'), r.get('etcd_health') or {}
+        content = h.get('content') or ''
+        hj = {}
+        if content.lstrip().startswith('{'):
+            import json
+            try:
+                hj = json.loads(content)
+            except ValueError:
+                hj = {}
+        healthy = h.get('status', -1) == 200 and hj.get('health') in ('true', True)
+        rows.append({'unit': 'etcd', 'state': u.get('state'), 'status': u.get('status'),
+                     'version': _get(_get(r.get('etcd_version'), 'json', {}), 'etcdserver'),
+                     'health': 'healthy' if healthy else 'unhealthy: ' + _trunc(hj.get('reason') or h.get('msg') or 'no answer', 60),
+                     'health_ok': healthy})
+    if r.get('master'):
+        u, h = _unit(svc, 'mooncake-master'), r.get('master_health') or {}
+        pkg = ((r.get('master_pip') or {}).get(r.get('master_package')) or [{}])[0]
+        hj = h.get('json') or {}
+        ok = h.get('status', -1) == 200 and hj.get('status') == 'ok'
+        rows.append({'unit': 'mooncake-master', 'state': u.get('state'), 'status': u.get('status'), 'version': pkg.get('version'),
+                     'health': hj.get('role', 'no answer') if ok
+                     else 'unhealthy: ' + _trunc(hj.get('status') or h.get('msg') or 'no answer', 60),
+                     'health_ok': ok})
+    if r.get('vllm_role'):
+        versions, health = r.get('vllm_versions') or [], r.get('vllm_health') or []
+        for n, inst in enumerate(r.get('vllm_instances') or []):
+            u = _unit(svc, 'vllm@' + str(inst.get('name')))
+            v = versions[n] if n < len(versions) else {}
+            h = health[n] if n < len(health) else {}
+            sel = (r.get('selection') or {}).get(inst.get('name')) or {}
+            rates = [p.get('rate_gbps') for p in sel.get('ports') or [] if p.get('rate_gbps')]
+            status = h.get('status', -1)
+            rows.append({'unit': 'vllm@' + str(inst.get('name')), 'state': u.get('state'), 'status': u.get('status'),
+                         'version': _get(v.get('json'), 'version'),
+                         'health': 'serving' if status == 200 else 'health %s %s' % (status, _trunc(h.get('msg') or '', 40)),
+                         'health_ok': status == 200, 'role': r['vllm_role'], 'port': inst.get('port'),
+                         'gpus': inst.get('gpus') or [], 'protocol': r.get('protocol'),
+                         'nics': sel.get('nics', inst.get('nics') or []), 'gid_index': sel.get('gid_index'),
+                         'rate_gbps': min(rates) if rates else None})
+    if r.get('router'):
+        u, h = _unit(svc, 'vllm-router'), r.get('router_health') or {}
+        hj = h.get('json') or {}
+        status = h.get('status', -1)
+        pre, dec = hj.get('prefill'), hj.get('decode')
+        counts = (' (prefill %s/%s, decode %s/%s)' % (pre.get('healthy'), pre.get('total'), dec.get('healthy'), dec.get('total'))
+                  if isinstance(pre, dict) and isinstance(dec, dict) else '')
+        rows.append({'unit': 'vllm-router', 'state': u.get('state'), 'status': u.get('status'),
+                     'version': ((r.get('router_pip') or {}).get('vllm-router') or [{}])[0].get('version'),
+                     'health': ('ready' if status == 200 else 'readiness %s' % status) + counts,
+                     'health_ok': status == 200})
+    return [dict(row, host=r.get('host')) for row in rows]
+
+
+def bundle_status_units(expected, hostvars):
+    """Every expected unit's row: a host's own rows (its _status_units fact) when it reported, else
+    'unreachable' ones."""
+    rows = []
+    for host, names in (expected or {}).items():
+        hv = hostvars[host] if host in hostvars else {}
+        mine = hv['_status_units'] if '_status_units' in hv else None
+        if mine is not None:
+            rows.extend(mine)
+        else:
+            rows.extend({'host': host, 'unit': n, 'state': 'unreachable', 'health': 'host did not answer',
+                         'health_ok': False} for n in names)
+    return rows
+
+
 class FilterModule(object):
     def filters(self):
         return {
             'bundle_status_red': bundle_status_red,
             'bundle_status_table': bundle_status_table,
+            'bundle_status_expected': bundle_status_expected,
+            'bundle_status_host_rows': bundle_status_host_rows,
+            'bundle_status_units': bundle_status_units,
         }

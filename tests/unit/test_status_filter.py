@@ -162,3 +162,59 @@ def test_instance_pairs_of_one_host_pair_share_a_cell():
     table = status.bundle_status_table(data)
     assert "1.00 GB/s / link n/a" in table  # the slowest of the two pairs to d1
     assert "RED failed" in table
+
+
+def _svc(*names, state="running"):
+    return {n + ".service": {"state": state, "status": "enabled"} for n in names}
+
+
+def test_host_rows_from_probe_results():
+    r = {"host": "h1", "etcd": True, "master": True, "vllm_role": "prefill", "router": True,
+         "services": _svc("etcd", "mooncake-master", "vllm@p0", "vllm-router"),
+         "etcd_version": {"json": {"etcdserver": "3.5.21"}},
+         "etcd_health": {"status": 200, "content": '{"health":"true","reason":""}'},
+         "master_health": {"status": 200, "json": {"status": "ok", "role": "leader"}},
+         "master_pip": {"mooncake-transfer-engine-non-cuda": [{"version": "0.3.13"}]},
+         "master_package": "mooncake-transfer-engine-non-cuda",
+         "vllm_instances": [{"name": "p0", "port": 8100, "gpus": [0], "nics": "auto"}],
+         "vllm_versions": [{"json": {"version": "0.33.0"}}], "vllm_health": [{"status": 200}],
+         "selection": {"p0": {"nics": ["mlx5_0"], "gid_index": 3, "ports": [{"rate_gbps": 400}, {"rate_gbps": 200}]}},
+         "protocol": "rdma", "router_pip": {"vllm-router": [{"version": "0.1.9"}]},
+         "router_health": {"status": 200, "json": {"prefill": {"healthy": 1, "total": 1}, "decode": {"healthy": 2, "total": 2}}}}
+    rows = {row["unit"]: row for row in status.bundle_status_host_rows(r)}
+    assert list(rows) == ["etcd", "mooncake-master", "vllm@p0", "vllm-router"]
+    assert all(row["host"] == "h1" and row["health_ok"] for row in rows.values())
+    assert rows["etcd"]["version"] == "3.5.21" and rows["mooncake-master"]["health"] == "leader"
+    assert rows["mooncake-master"]["version"] == "0.3.13"
+    p0 = rows["vllm@p0"]
+    assert (p0["role"], p0["nics"], p0["gid_index"], p0["rate_gbps"], p0["version"]) == ("prefill", ["mlx5_0"], 3, 200, "0.33.0")
+    assert rows["vllm-router"]["health"] == "ready (prefill 1/1, decode 2/2)"
+
+
+def test_host_rows_say_what_failed():
+    r = {"host": "h2", "etcd": True, "master": True, "vllm_role": "decode", "router": True, "services": {},
+         "etcd_health": {"status": -1, "msg": "Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] "
+                                                "Connection refused> " + "x" * 80},
+         "master_health": {"status": 503, "json": {"status": "unavailable"}},
+         "vllm_instances": [{"name": "d0", "port": 8200}], "vllm_health": [{"status": 503, "msg": "Service Unavailable"}],
+         "router_health": {"status": 503}}
+    rows = {row["unit"]: row for row in status.bundle_status_host_rows(r)}
+    assert not any(row["health_ok"] for row in rows.values())
+    assert rows["etcd"]["state"] == "absent" and rows["etcd"]["health"].startswith("unhealthy: Status code was -1")
+    assert len(rows["etcd"]["health"]) <= len("unhealthy: ") + 60
+    assert rows["mooncake-master"]["health"] == "unhealthy: unavailable"
+    assert rows["vllm@d0"]["health"] == "health 503 Service Unavailable" and rows["vllm@d0"]["rate_gbps"] is None
+    assert rows["vllm-router"]["health"] == "readiness 503"
+
+
+def test_expected_units_and_unreachable_hosts():
+    groups = {"all": ["e1", "p1", "r1"], "etcd": ["e1"], "mooncake_master": ["e1"], "vllm_prefill": ["p1"],
+              "vllm_router": ["r1"]}
+    hostvars = {"e1": {"_status_units": [{"host": "e1", "unit": "etcd"}]}, "p1": {"vllm_instances": [{"name": "a"}]},
+                "r1": {}}
+    expected = status.bundle_status_expected(groups, hostvars)
+    assert expected == {"e1": ["etcd", "mooncake-master"], "p1": ["vllm@a"], "r1": ["vllm-router"]}
+    rows = status.bundle_status_units(expected, hostvars)
+    assert rows[0] == {"host": "e1", "unit": "etcd"}
+    assert [(r["host"], r["unit"], r["state"]) for r in rows[1:]] == [("p1", "vllm@a", "unreachable"),
+                                                                      ("r1", "vllm-router", "unreachable")]
