@@ -15,6 +15,7 @@
 - vllm_endpoints:     every vLLM instance of a list of hosts as the fleet reaches it (host, name, ip, port,
   url, bootstrap_port, engine_id): the router's worker lists, preflight's address and router checks and
   the benchmark all read this one definition.
+- router_argv:        vllm-router's command line from the router role's settings and its worker lists.
 - master_ha:          whether the Mooncake masters elect a leader through etcd (mooncake_master_ha:
   auto = 2+ masters). The master's flags, the clients' master address and preflight all use it.
 - metadata_backend:   where store-mode engines keep their segment metadata (mooncake_metadata_backend:
@@ -164,6 +165,30 @@ def vllm_endpoints(hosts, hostvars, settings_key=None, default_bootstrap_port=No
     return out
 
 
+def router_argv(cfg, prefills, decodes):
+    """vllm-router's argv (after the binary). cfg: the router role's settings without the vllm_router_
+    prefix (kv_connector, host, port, prefill_policy, decode_policy, prometheus_host, prometheus_port,
+    max_concurrent_requests, health_check_interval_secs, health_failure_threshold,
+    health_success_threshold, request_timeout_secs, extra_args); prefills: [{url, bootstrap_port}];
+    decodes: [url]. With the mooncake connector each --prefill carries its bootstrap port."""
+    a = ['--vllm-pd-disaggregation', '--kv-connector', str(cfg['kv_connector'])]
+    for p in prefills or []:
+        a += ['--prefill', str(p['url'])] + ([str(p['bootstrap_port'])] if cfg['kv_connector'] == 'mooncake' else [])
+    for d in decodes or []:
+        a += ['--decode', str(d)]
+    a += ['--host', str(cfg['host']), '--port', str(cfg['port']),
+          '--prefill-policy', str(cfg['prefill_policy']), '--decode-policy', str(cfg['decode_policy']),
+          '--prometheus-host', str(cfg['prometheus_host']), '--prometheus-port', str(cfg['prometheus_port'])]
+    if int(cfg.get('max_concurrent_requests') or 0) > 0:
+        a += ['--max-concurrent-requests', str(cfg['max_concurrent_requests'])]
+    a += ['--health-check-interval-secs', str(cfg['health_check_interval_secs']),
+          '--health-failure-threshold', str(cfg['health_failure_threshold']),
+          '--health-success-threshold', str(cfg['health_success_threshold'])]
+    if int(cfg.get('request_timeout_secs') or 0) > 0:
+        a += ['--request-timeout-secs', str(cfg['request_timeout_secs'])]
+    return a + [str(x) for x in cfg.get('extra_args') or []]
+
+
 def _boollike(value):
     if isinstance(value, bool):
         return value
@@ -201,6 +226,7 @@ class FilterModule(object):
             'bundle_mooncake_check_pairs': mooncake_check_pairs,
             'bundle_vllm_engine_nics': vllm_engine_nics,
             'bundle_vllm_endpoints': vllm_endpoints,
+            'bundle_router_argv': router_argv,
             'bundle_master_ha': master_ha,
             'bundle_metadata_backend': metadata_backend,
         }

@@ -123,3 +123,25 @@ def test_vllm_endpoints_one_definition_of_an_instance_address():
         ("d1", "http://10.0.1.1:8200", 8998, "d1-c")]
     assert bf.vllm_endpoints(["x1"], hv, "_cfg")[0]["url"] == "http://x1:1"  # settings from a sub-dict
     assert bf.vllm_endpoints([], hv) == []
+
+
+def _router_cfg(**kw):
+    cfg = {"kv_connector": "mooncake", "host": "10.0.0.9", "port": 8000, "prefill_policy": "power_of_two",
+           "decode_policy": "power_of_two", "prometheus_host": "10.0.0.9", "prometheus_port": 29000,
+           "max_concurrent_requests": 0, "health_check_interval_secs": 2, "health_failure_threshold": 2,
+           "health_success_threshold": 1, "request_timeout_secs": 0, "extra_args": []}
+    cfg.update(kw)
+    return cfg
+
+
+def test_router_argv():
+    argv = bf.router_argv(_router_cfg(), [{"url": "http://p:8100", "bootstrap_port": 8998}], ["http://d:8200"])
+    assert argv[:9] == ["--vllm-pd-disaggregation", "--kv-connector", "mooncake", "--prefill", "http://p:8100", "8998",
+                        "--decode", "http://d:8200", "--host"]
+    assert "--max-concurrent-requests" not in argv and "--request-timeout-secs" not in argv
+    argv = bf.router_argv(_router_cfg(kv_connector="nixl", max_concurrent_requests=64, request_timeout_secs=600,
+                                      extra_args=["--log-level", "debug"]),
+                          [{"url": "http://p:8100", "bootstrap_port": 8998}], [])
+    assert argv[3:5] == ["--prefill", "http://p:8100"] and argv[5] == "--host"  # no bootstrap port with nixl
+    assert argv[argv.index("--max-concurrent-requests") + 1] == "64"
+    assert argv[argv.index("--request-timeout-secs") + 1] == "600" and argv[-2:] == ["--log-level", "debug"]
