@@ -15,6 +15,8 @@
 - vllm_endpoints:     every vLLM instance of a list of hosts as the fleet reaches it (host, name, ip, port,
   url, bootstrap_port, engine_id): the router's worker lists, preflight's address and router checks and
   the benchmark all read this one definition.
+- host_listeners:     every TCP port a host's bundle services bind (port or range, the variable that sets
+  it, why, public or cluster-only): preflight's collision check and the firewall's rules both read it.
 - router_argv:        vllm-router's command line from the router role's settings and its worker lists.
 - master_ha:          whether the Mooncake masters elect a leader through etcd (mooncake_master_ha:
   auto = 2+ masters). The master's flags, the clients' master address and preflight all use it.
@@ -165,6 +167,81 @@ def vllm_endpoints(hosts, hostvars, settings_key=None, default_bootstrap_port=No
     return out
 
 
+def _truthy(value, default):
+    """A boolean setting, leniently (preflight refuses the malformed ones before anything runs)."""
+    if value is None or value == '':
+        return default
+    return value if isinstance(value, bool) else str(value).strip().lower() in ('true', 'yes', 'on', '1')
+
+
+def host_listeners(cfg, roles):
+    """The TCP listeners of one host, from its effective settings cfg and roles {etcd, master, prefill,
+    decode, router} (booleans). Each: {port, last (a range's end, else None), spec ('8100' or
+    '18100-18103', as nft writes it), vars (one label per port: the variable that sets it), why,
+    public (the router's client port), engine_range (the transfer engine's random-port range)}.
+    In the firewall's rule order: etcd, master, engine range and check port, vLLM instances,
+    side channels, router."""
+    out = []
+
+    def add(port, labels, why, last=None, public=False, engine_range=False):
+        spec = '%s-%s' % (port, last) if last is not None else str(port)
+        out.append({'port': port, 'last': last, 'spec': spec, 'vars': labels, 'why': why, 'public': public,
+                    'engine_range': engine_range})
+
+    vllm = bool(roles.get('prefill')) or bool(roles.get('decode'))
+    if roles.get('etcd'):
+        add(cfg.get('etcd_client_port'), ['etcd_client_port'], 'etcd client')
+        add(cfg.get('etcd_peer_port'), ['etcd_peer_port'], 'etcd peer')
+        plain = cfg.get('etcd_mooncake_client_port')
+        if _truthy(cfg.get('etcd_tls_enabled'), False) and plain is not None and str(plain) != '':
+            add(plain, ['etcd_mooncake_client_port'], 'etcd plain client listener for Mooncake')
+    if roles.get('master'):
+        add(cfg.get('mooncake_master_rpc_port'), ['mooncake_master_rpc_port'], 'Mooncake master RPC')
+        add(cfg.get('mooncake_master_metrics_port'), ['mooncake_master_metrics_port'], 'Mooncake master metrics/health')
+        if _truthy(cfg.get('mooncake_master_http_metadata_server'), True):
+            add(cfg.get('mooncake_master_http_metadata_port'), ['mooncake_master_http_metadata_port'],
+                'Mooncake master HTTP metadata')
+    if roles.get('master') or vllm:
+        add(cfg.get('mooncake_rpc_port_min'), ['mooncake_rpc_port_min..mooncake_rpc_port_max'],
+            'transfer engine RPC/data range', last=cfg.get('mooncake_rpc_port_max'), engine_range=True)
+        add(cfg.get('mooncake_check_port'), ['mooncake_check_port'], 'mooncake-check control')
+    instances = cfg.get('vllm_instances') or [] if vllm else []
+    for i in instances:
+        name = i.get('name')
+        add(i.get('port'), ['vllm_instances[%s].port' % name], 'vLLM %s HTTP' % name)
+        if roles.get('prefill'):
+            own = i.get('bootstrap_port') is not None
+            add(i.get('bootstrap_port') if own else cfg.get('vllm_default_bootstrap_port'),
+                ['vllm_instances[%s].bootstrap_port%s' % (name, '' if own else ' (vllm_default_bootstrap_port)')],
+                'vLLM %s Mooncake bootstrap' % name)
+    if roles.get('prefill'):
+        for i in instances:
+            name, own = i.get('name'), i.get('side_channel_port') is not None
+            sc = vllm_side_channel_ports(i, instances, cfg.get('vllm_side_channel_port_base'))
+            labels = ['vllm_instances[%s].side_channel_port%s%s' % (name, ' + %d' % n if n else '',
+                                                                    '' if own else ' (vllm_side_channel_port_base)')
+                      for n in range(len(sc))]
+            add(sc[0], labels, 'vLLM %s MooncakeConnector side channel (pinned)' % name,
+                last=sc[-1] if len(sc) > 1 else None)
+    if roles.get('router'):
+        add(cfg.get('vllm_router_port'), ['vllm_router_port'], 'vllm-router clients', public=True)
+        add(cfg.get('vllm_router_prometheus_port'), ['vllm_router_prometheus_port'], 'vllm-router Prometheus')
+    return out
+
+
+def listener_port_table(listeners):
+    """[[port, variable]] per fixed port (ranges of pinned ports expanded), for preflight's collision check."""
+    table = []
+    for e in listeners or []:
+        if e['engine_range']:
+            continue
+        if e['last'] is None:
+            table.append([e['port'], e['vars'][0]])
+        else:
+            table.extend([int(e['port']) + n, label] for n, label in enumerate(e['vars']))
+    return table
+
+
 def router_argv(cfg, prefills, decodes):
     """vllm-router's argv (after the binary). cfg: the router role's settings without the vllm_router_
     prefix (kv_connector, host, port, prefill_policy, decode_policy, prometheus_host, prometheus_port,
@@ -227,6 +304,8 @@ class FilterModule(object):
             'bundle_vllm_engine_nics': vllm_engine_nics,
             'bundle_vllm_endpoints': vllm_endpoints,
             'bundle_router_argv': router_argv,
+            'bundle_host_listeners': host_listeners,
+            'bundle_listener_port_table': listener_port_table,
             'bundle_master_ha': master_ha,
             'bundle_metadata_backend': metadata_backend,
         }

@@ -145,3 +145,28 @@ def test_router_argv():
     assert argv[3:5] == ["--prefill", "http://p:8100"] and argv[5] == "--host"  # no bootstrap port with nixl
     assert argv[argv.index("--max-concurrent-requests") + 1] == "64"
     assert argv[argv.index("--request-timeout-secs") + 1] == "600" and argv[-2:] == ["--log-level", "debug"]
+
+
+_LISTEN_CFG = {"etcd_client_port": 2379, "etcd_peer_port": 2380, "etcd_mooncake_client_port": 2479, "etcd_tls_enabled": True,
+               "mooncake_master_rpc_port": 50051, "mooncake_master_metrics_port": 9003,
+               "mooncake_master_http_metadata_server": True, "mooncake_master_http_metadata_port": 8080,
+               "mooncake_rpc_port_min": 15000, "mooncake_rpc_port_max": 17000, "mooncake_check_port": 18800,
+               "vllm_default_bootstrap_port": 8998, "vllm_side_channel_port_base": 18100,
+               "vllm_instances": [{"name": "p0", "port": 8100, "tensor_parallel_size": 2}, {"name": "p1", "port": 8101,
+                                                                                            "bootstrap_port": 8999}],
+               "vllm_router_port": 8000, "vllm_router_prometheus_port": 29000}
+
+
+def test_host_listeners_one_table_for_firewall_and_preflight():
+    ls = bf.host_listeners(_LISTEN_CFG, {"etcd": True, "master": True, "prefill": True, "router": True})
+    specs = [e["spec"] for e in ls]
+    assert specs == ["2379", "2380", "2479", "50051", "9003", "8080", "15000-17000", "18800", "8100", "8998", "8101", "8999",
+                     "18100-18101", "18116", "8000", "29000"]
+    assert [e["spec"] for e in ls if e["public"]] == ["8000"]
+    table = bf.listener_port_table(ls)
+    assert [15000, "mooncake_rpc_port_min..mooncake_rpc_port_max"] not in table  # the range is checked apart
+    assert [8998, "vllm_instances[p0].bootstrap_port (vllm_default_bootstrap_port)"] in table
+    assert [18101, "vllm_instances[p0].side_channel_port + 1 (vllm_side_channel_port_base)"] in table
+    # A decode host: no bootstrap or side-channel ports; no plain etcd listener without etcd TLS.
+    ls = bf.host_listeners(dict(_LISTEN_CFG, etcd_tls_enabled=False), {"etcd": True, "decode": True})
+    assert [e["spec"] for e in ls] == ["2379", "2380", "15000-17000", "18800", "8100", "8101"]
