@@ -64,16 +64,17 @@ def curl_json(host, url, data=None, timeout=120, headers=None):
     return json.loads(out)
 
 
-def metric_value(text, name, labels):
-    """Sum of a Prometheus counter's samples whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + '{'):
-            continue
-        lab, _, val = line.partition('} ')
-        if all('%s="%s"' % kv in lab for kv in labels.items()):
-            total += float(val.split()[0])
-    return total
+def _load_router_overhead():
+    """scripts/bench/router_overhead.py, whose Prometheus text parser these tests share."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('router_overhead', REPO / 'scripts' / 'bench' / 'router_overhead.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# Sum of a Prometheus counter's samples whose labels include `labels` (one parser for bench and tests).
+metric_value = _load_router_overhead().metric_sum
 
 
 def wait_until(fn, timeout=120, interval=2):
