@@ -1,0 +1,23 @@
+"""Render mode in one place: plugins/action/bundle_template.py's render_args (bundle_copy uses it too)."""
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location('bundle_template_action', REPO / 'plugins' / 'action' / 'bundle_template.py')
+bt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bt)
+
+ARGS = {'src': 'x.j2', 'dest': '/etc/vllm/p0.env', 'owner': 'root', 'group': 'vllm', 'mode': '0640',
+        'validate': 'systemd-analyze verify %s'}
+
+
+def test_a_real_run_is_plain_template():
+    assert bt.render_args(ARGS, {'inventory_hostname': 'h1'}) is ARGS
+
+
+def test_render_mode_writes_under_the_render_root(tmp_path):
+    got = bt.render_args(ARGS, {'inventory_hostname': 'gpu-p1', 'render_dir': str(tmp_path)})
+    assert got['dest'] == '%s/gpu-p1/etc/vllm/p0.env' % tmp_path
+    assert (tmp_path / 'gpu-p1' / 'etc' / 'vllm').is_dir()
+    assert not {'owner', 'group', 'validate'} & set(got) and got['mode'] == '0640'
+    assert ARGS['dest'] == '/etc/vllm/p0.env'  # the task's own args are not changed in place
