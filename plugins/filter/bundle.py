@@ -17,6 +17,8 @@
   the benchmark all read this one definition.
 - host_listeners:     every TCP port a host's bundle services bind (port or range, the variable that sets
   it, why, public or cluster-only): preflight's collision check and the firewall's rules both read it.
+- vllm_stale_instances: instances whose process started before one of their inputs last changed
+  (a run that changed a file but failed before the restart must not lose that restart).
 - router_argv:        vllm-router's command line from the router role's settings and its worker lists.
 - master_ha:          whether the Mooncake masters elect a leader through etcd (mooncake_master_ha:
   auto = 2+ masters). The master's flags, the clients' master address and preflight all use it.
@@ -242,6 +244,25 @@ def listener_port_table(listeners):
     return table
 
 
+def vllm_stale_instances(start_results, input_stats):
+    """[instance name] whose main process started before one of its inputs' mtime.
+
+    start_results: loop results of `systemctl show --timestamp=unix -p ExecMainStartTimestamp --value
+    vllm@NAME` (stdout '@<epoch>', empty when not running; item.name). input_stats: loop results of
+    ansible.builtin.stat over {instance, path} items; instance '' is an input of every instance."""
+    stale = []
+    for r in start_results or []:
+        started = str(r.get('stdout') or '').strip().lstrip('@')
+        if not started:
+            continue
+        name = (r.get('item') or {}).get('name')
+        mtimes = [s['stat']['mtime'] for s in input_stats or []
+                  if (s.get('stat') or {}).get('exists') and (s.get('item') or {}).get('instance') in ('', name)]
+        if mtimes and max(mtimes) > float(started):
+            stale.append(name)
+    return stale
+
+
 def router_argv(cfg, prefills, decodes):
     """vllm-router's argv (after the binary). cfg: the router role's settings without the vllm_router_
     prefix (kv_connector, host, port, prefill_policy, decode_policy, prometheus_host, prometheus_port,
@@ -304,6 +325,7 @@ class FilterModule(object):
             'bundle_vllm_engine_nics': vllm_engine_nics,
             'bundle_vllm_endpoints': vllm_endpoints,
             'bundle_router_argv': router_argv,
+            'bundle_vllm_stale_instances': vllm_stale_instances,
             'bundle_host_listeners': host_listeners,
             'bundle_listener_port_table': listener_port_table,
             'bundle_master_ha': master_ha,

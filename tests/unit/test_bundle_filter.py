@@ -170,3 +170,15 @@ def test_host_listeners_one_table_for_firewall_and_preflight():
     # A decode host: no bootstrap or side-channel ports; no plain etcd listener without etcd TLS.
     ls = bf.host_listeners(dict(_LISTEN_CFG, etcd_tls_enabled=False), {"etcd": True, "decode": True})
     assert [e["spec"] for e in ls] == ["2379", "2380", "15000-17000", "18800", "8100", "8101"]
+
+
+def test_vllm_stale_instances():
+    starts = [{"item": {"name": "p0"}, "stdout": "@1000"}, {"item": {"name": "p1"}, "stdout": "@3000"},
+              {"item": {"name": "p2"}, "stdout": ""}]
+    stats = [{"item": {"instance": "", "path": "/etc/systemd/system/vllm@.service"}, "stat": {"exists": True, "mtime": 500.0}},
+             {"item": {"instance": "p0", "path": "/etc/vllm/p0.env"}, "stat": {"exists": True, "mtime": 2000.0}},
+             {"item": {"instance": "p1", "path": "/etc/vllm/p1.env"}, "stat": {"exists": True, "mtime": 2500.0}},
+             {"item": {"instance": "p1", "path": "/etc/vllm/p1.mooncake.json"}, "stat": {"exists": False}}]
+    assert bf.vllm_stale_instances(starts, stats) == ["p0"]  # p1 started after its inputs; p2 is not running
+    stats[0]["stat"]["mtime"] = 4000.0  # the shared unit file changed after both started
+    assert bf.vllm_stale_instances(starts, stats) == ["p0", "p1"]
