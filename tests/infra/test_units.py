@@ -1,7 +1,7 @@
 """Every unit the host should run is active, enabled, and listening where configured."""
 import pytest
 
-from conftest import deployed_kv_config, hvars, in_group, listens_as_configured, tcp_listeners
+from conftest import deployed_kv_config, groups, hvars, in_group, listens_as_configured, tcp_listeners
 
 
 def expected_units(host):
@@ -51,3 +51,14 @@ def test_units_run_as_dedicated_users(host):
         assert pid != '0', '%s has no main process' % unit
         user = host.check_output('ps -o user= -p %s' % pid)
         assert user == want, '%s runs as %s, expected %s' % (unit, user, want)
+
+
+def test_master_election_watchdog(host):
+    """HA masters: the watchdog that restarts a master stuck as 'standby named leader' runs beside it."""
+    v = hvars(host)
+    masters = groups(host).get('mooncake_master', [])
+    if v['inventory_hostname'] not in masters or len(masters) < 2 or not v.get('mooncake_master_watchdog', True):
+        pytest.skip('not an HA master')
+    unit = host.service('mooncake-master-watchdog')
+    assert unit.is_running and unit.is_enabled
+    assert host.file('/opt/mooncake/bin/mooncake-master-watchdog').mode == 0o755
