@@ -14,11 +14,16 @@ Pure functions (no Ansible state), unit-tested in tests/unit/test_preflight_filt
 - preflight_is_boollike:      a real bool, or a string/int that Ansible's bool filter maps unambiguously
 - preflight_bad_tokens:       items of an argument list that are not one systemd token (non-strings, whitespace, empty)
 - preflight_role_files:       the roles' defaults files and argument spec files under a roles directory (controller side)
+- preflight_load_roles:       those files read: every role's defaults merged, and each role's main argument spec
+                              ({role, file, groups, options}) for the checks (plugins/filter/preflight_checks.py)
+- preflight_spec_failures:    a failed validate_argument_spec loop as one message per role
 """
 import glob
 import ipaddress
 import os
 import re
+
+import yaml
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -228,6 +233,55 @@ def role_files(roles_dir):
     return {'defaults': defaults, 'specs': specs}
 
 
+class _Loader(yaml.SafeLoader):
+    """Plain YAML; Ansible's own tags (!unsafe, !vault) keep their scalar text."""
+
+
+_Loader.add_multi_constructor('!', lambda loader, suffix, node: loader.construct_scalar(node)
+                              if isinstance(node, yaml.ScalarNode) else None)
+
+
+def _read_yaml(path):
+    with open(path) as fh:
+        return yaml.load(fh, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def load_roles(roles_dir, role_groups=None):
+    """Every role's defaults (merged, in role order) and main argument spec, read as plain YAML.
+
+    Returns {'defaults': {...}, 'specs': [{'role', 'file' (relative to the roles directory's parent),
+    'groups' (role_groups[role], else ['all']), 'options' (the entry point main's options)}]}.
+    """
+    files = role_files(roles_dir)
+    defaults = {}
+    for path in files['defaults']:
+        defaults.update(_read_yaml(path) or {})
+    specs = []
+    for entry in files['specs']:
+        doc = _read_yaml(entry['path']) or {}
+        main = (doc.get('argument_specs') or {}).get('main') or {}
+        specs.append({'role': entry['role'],
+                      'file': os.path.join(os.path.basename(os.path.normpath(roles_dir)), entry['role'], 'meta',
+                                           os.path.basename(entry['path'])),
+                      'groups': list((role_groups or {}).get(entry['role']) or ['all']),
+                      'options': main.get('options') or {}})
+    return {'defaults': defaults, 'specs': specs}
+
+
+def spec_failures(failed_result):
+    """'role R (FILE): errors.' for each failed item of a validate_argument_spec loop over load_roles' specs."""
+    failed_result = failed_result or {}
+    results = failed_result.get('results') if 'results' in failed_result else [failed_result]
+    out = []
+    for res in results or []:
+        if not res.get('failed'):
+            continue
+        item = res.get('item') or {}
+        errors = res.get('argument_errors') or [res.get('msg', '')]
+        out.append('role %s (%s): %s.' % (item.get('role', '?'), item.get('file', '?'), '; '.join(str(e) for e in errors)))
+    return out
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -243,4 +297,6 @@ class FilterModule(object):
             'preflight_is_boollike': is_boollike,
             'preflight_bad_tokens': bad_tokens,
             'preflight_role_files': role_files,
+            'preflight_load_roles': load_roles,
+            'preflight_spec_failures': spec_failures,
         }

@@ -120,3 +120,36 @@ def test_role_files(tmp_path):
 def test_filter_names():
     names = pf.FilterModule().filters()
     assert all(n.startswith("preflight_") for n in names)
+
+
+def test_load_roles_reads_defaults_and_main_specs(tmp_path):
+    (tmp_path / "a" / "defaults").mkdir(parents=True)
+    (tmp_path / "a" / "defaults" / "main.yml").write_text("a_x: 1\na_y: !unsafe '{{ raw }}'\n")
+    (tmp_path / "a" / "meta").mkdir()
+    (tmp_path / "a" / "meta" / "argument_specs.yml").write_text(
+        "argument_specs:\n  main:\n    options:\n      a_x: {type: int, choices: [1, 2]}\n  other:\n    options: {}\n")
+    (tmp_path / "b" / "defaults").mkdir(parents=True)
+    (tmp_path / "b" / "defaults" / "main.yml").write_text("b_x: [1]\n")
+    got = pf.load_roles(str(tmp_path), {"a": ["grp"]})
+    assert got["defaults"] == {"a_x": 1, "a_y": "{{ raw }}", "b_x": [1]}
+    assert got["specs"] == [{"role": "a", "file": os.path.join(tmp_path.name, "a", "meta", "argument_specs.yml"),
+                             "groups": ["grp"], "options": {"a_x": {"type": "int", "choices": [1, 2]}}}]
+
+
+def test_load_roles_groups_default_to_all(tmp_path):
+    (tmp_path / "r" / "meta").mkdir(parents=True)
+    (tmp_path / "r" / "meta" / "argument_specs.yml").write_text("argument_specs: {main: {}}\n")
+    assert pf.load_roles(str(tmp_path))["specs"][0]["groups"] == ["all"]
+    assert pf.load_roles(str(tmp_path))["specs"][0]["options"] == {}
+
+
+def test_spec_failures_name_role_file_and_errors():
+    failed = {"failed": True, "results": [
+        {"failed": False, "item": {"role": "ok"}},
+        {"failed": True, "item": {"role": "vllm", "file": "roles/vllm/meta/argument_specs.yml"},
+         "argument_errors": ["x is not int", "y missing"]},
+        {"failed": True, "item": {"role": "etcd", "file": "roles/etcd/meta/argument_specs.yml"}, "msg": "boom"}]}
+    assert pf.spec_failures(failed) == [
+        "role vllm (roles/vllm/meta/argument_specs.yml): x is not int; y missing.",
+        "role etcd (roles/etcd/meta/argument_specs.yml): boom."]
+    assert pf.spec_failures({"failed": True, "msg": "single"}) == ["role ? (?): single."]

