@@ -60,13 +60,4 @@ if [[ "${1:-}" == destroy && "$scenario" == default ]]; then
   exit 0
 fi
 
-molecule "$@" || exit $?
-# In production etcd and the masters run on hosts of their own. In the 2-core docker lab they share
-# the cores with three vLLM containers, whose model loads and engine steps starved etcd for 20 s
-# (leader elections, the masters' leases lost, a failover that did not happen within 30 s). The
-# vLLM containers get a quarter of the default CPU weight; they still use every idle cycle.
-if [[ "${1:-}" == create && "$scenario" == default ]]; then
-  for c in $(lab_hosts 'vllm_prefill:vllm_decode'); do
-    if "$docker_cmd" inspect "$c" >/dev/null 2>&1; then "$docker_cmd" update --cpu-shares 256 "$c" >/dev/null; fi
-  done
-fi
+exec molecule "$@"

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""The docker lab's names and addresses, read from where they are defined, for the lab scripts.
+
+- hosts and groups:      molecule/<scenario>/inventory/hosts.yml (tests/unit/test_lab_inventory.py ties
+                         it to molecule.yml's platforms);
+- each host's address:   molecule.yml's platforms (the docker network);
+- vLLM instances:        the inventory's host_vars (vllm_instances);
+- ports:                 the inventory's group_vars/all.yml, else the owning role's defaults.
+
+    labinv.py router-url              http://172.30.0.41:8000
+    labinv.py router-host             router1
+    labinv.py hosts [GROUP[:GROUP]]   one host per line
+    labinv.py instances [GROUP...]    host:instance:port per line (default: prefill and decode)
+    labinv.py var NAME                a port or setting (inventory, else role default)
+Plain YAML (no Ansible, no vault): the lab's vault holds only the router's API key.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Lab:
+    def __init__(self, scenario="default", repo=REPO):
+        self.repo = Path(repo)
+        self.dir = self.repo / "molecule" / scenario
+        inv = yaml.safe_load((self.dir / "inventory" / "hosts.yml").read_text())["all"]
+        self.groups = {g: list((body or {}).get("hosts") or {}) for g, body in (inv.get("children") or {}).items()}
+        mol = yaml.safe_load((self.dir / "molecule.yml").read_text())
+        self.ips = {}
+        for p in mol.get("platforms", []):
+            for net in p.get("networks") or []:
+                if net.get("ipv4_address"):
+                    self.ips[p["name"]] = net["ipv4_address"]
+        all_vars = self.dir / "inventory" / "group_vars" / "all.yml"
+        self.all_vars = (yaml.safe_load(all_vars.read_text()) if all_vars.exists() else None) or {}
+
+    def hosts(self, pattern="all"):
+        if pattern == "all":
+            seen = []
+            for members in self.groups.values():
+                seen.extend(h for h in members if h not in seen)
+            return seen
+        out = []
+        for g in pattern.split(":"):
+            out.extend(h for h in self.groups.get(g, []) if h not in out)
+        return out
+
+    def host_vars(self, host):
+        f = self.dir / "inventory" / "host_vars" / f"{host}.yml"
+        return (yaml.safe_load(f.read_text()) if f.exists() else None) or {}
+
+    def var(self, name):
+        """The inventory's value (group_vars/all.yml), else the role default that defines it."""
+        if name in self.all_vars:
+            return self.all_vars[name]
+        for f in sorted((self.repo / "roles").glob("*/defaults/main.yml")):
+            d = yaml.safe_load(f.read_text()) or {}
+            if name in d:
+                return d[name]
+        raise KeyError(f"{name}: not in the lab inventory's group_vars/all.yml nor in any role's defaults")
+
+    def instances(self, groups=("vllm_prefill", "vllm_decode")):
+        return [(h, i["name"], int(i["port"])) for g in groups for h in self.groups.get(g, [])
+                for i in self.host_vars(h).get("vllm_instances", [])]
+
+    def router_host(self):
+        return self.groups["vllm_router"][0]
+
+    def router_url(self):
+        return f"http://{self.ips[self.router_host()]}:{self.var('vllm_router_port')}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-s", "--scenario", default="default")
+    ap.add_argument("what", choices=["router-url", "router-host", "hosts", "instances", "var"])
+    ap.add_argument("args", nargs="*")
+    a = ap.parse_args(argv)
+    lab = Lab(a.scenario)
+    if a.what == "router-url":
+        print(lab.router_url())
+    elif a.what == "router-host":
+        print(lab.router_host())
+    elif a.what == "hosts":
+        print("\n".join(lab.hosts(a.args[0] if a.args else "all")))
+    elif a.what == "instances":
+        print("\n".join(f"{h}:{n}:{p}" for h, n, p in lab.instances(a.args or ("vllm_prefill", "vllm_decode"))))
+    else:
+        print(lab.var(a.args[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

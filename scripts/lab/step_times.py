@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Times the steps of a `molecule test` run from its output (molecule prints no durations).
+
+    molecule test -s default 2>&1 | step_times.py --results lab-results
+
+Echoes every line, and splits the run into steps:
+  - molecule's actions ("default ➜ converge: Executing" ... "Executed: Successful");
+  - inside side_effect, each task named "Lab step | NAME ..." (molecule/default/lab-steps.yml).
+An action that runs twice gets a suffix (verify, verify-2). Each step's lines go to
+RESULTS/step-NAME.log. At the end: a table of seconds per step, the re-run / first converge
+ratios, and the last lines of a failed step (CI keeps only the end of the output).
+"""
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+ACTION_START = re.compile(r"➜ ([a-z_]+): Executing")
+ACTION_END = re.compile(r"➜ ([a-z_]+): Executed: (.*)")
+LAB_STEP = re.compile(r"TASK \[Lab step \| ([A-Za-z0-9_-]+)")
+
+
+class Steps:
+    def __init__(self, results=None, clock=time.monotonic):
+        self.results = Path(results) if results else None
+        self.clock = clock
+        self.order = []        # step names, in the order they started
+        self.took = {}         # name -> seconds
+        self.status = {}       # name -> ok | failed
+        self.lines = {}        # name -> lines (kept for the failed step's tail)
+        self.action = None     # current molecule action step: (name, start)
+        self.sub = None        # current lab step inside side_effect: (name, start)
+        self.seen = {}
+
+    def _name(self, base):
+        n = self.seen.get(base, 0) + 1
+        self.seen[base] = n
+        return base if n == 1 else f"{base}-{n}"
+
+    def _start(self, base):
+        name = self._name(base)
+        self.order.append(name)
+        self.lines[name] = []
+        return name, self.clock()
+
+    def _end(self, step, status):
+        name, start = step
+        self.took[name] = self.clock() - start
+        self.status[name] = status
+
+    def current(self):
+        step = self.sub or self.action
+        return step[0] if step else None
+
+    def feed(self, raw):
+        line = ANSI.sub("", raw.rstrip("\n"))
+        m = ACTION_START.search(line)
+        if m:
+            if self.action:
+                self._end(self.action, "ok")
+            self.action = self._start(m.group(1))
+        m_sub = LAB_STEP.search(line) if self.action and self.action[0].startswith("side_effect") else None
+        if m_sub:
+            if self.sub:
+                self._end(self.sub, "ok")
+            self.sub = self._start(m_sub.group(1))
+        name = self.current()
+        if name:
+            self.lines[name].append(line)
+        m = ACTION_END.search(line)
+        if m and self.action:
+            failed = "Failed" in m.group(2)
+            if self.sub:
+                self._end(self.sub, "failed" if failed else "ok")
+                self.sub = None
+            self._end(self.action, "failed" if failed else "ok")
+            self.action = None
+
+    def close(self):
+        for step in (self.sub, self.action):
+            if step:
+                self._end(step, "failed")  # the output ended inside a step: molecule died in it
+        self.sub = self.action = None
+        if self.results:
+            self.results.mkdir(parents=True, exist_ok=True)
+            for name in self.order:
+                (self.results / f"step-{name}.log").write_text("\n".join(self.lines[name]) + "\n")
+
+    def failed(self):
+        return [n for n in self.order if self.status.get(n) == "failed"]
+
+    def report(self):
+        out = ["", "[lab-test] seconds per step:"]
+        for name in self.order:
+            mark = "  FAILED" if self.status.get(name) == "failed" else ""
+            out.append(f"  {name:<14} {self.took.get(name, 0):6.0f} s{mark}")
+        conv = self.took.get("converge")
+        for name, what in (("idempotence", "re-run with verify (molecule idempotence)"),
+                           ("rerun", "re-run without verify (site.yml --skip-tags verify)")):
+            if conv and name in self.took:
+                out.append(f"  {what} / first converge = {self.took[name]:.0f} s / {conv:.0f} s"
+                           f" = {self.took[name] / conv:.2f}")
+        for name in self.failed():
+            tail = [x for x in self.lines[name] if x.strip()][-15:]
+            out.append(f"[lab-test] {name} FAILED; the end of its output:")
+            out.extend("  | " + x[:300] for x in tail)
+        return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=None, help="directory for step-NAME.log files")
+    args = ap.parse_args(argv)
+    steps = Steps(args.results)
+    for raw in sys.stdin:
+        sys.stdout.write(raw)
+        sys.stdout.flush()
+        steps.feed(raw)
+    steps.close()
+    print(steps.report())
+    return 1 if steps.failed() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

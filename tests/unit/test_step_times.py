@@ -1,0 +1,72 @@
+"""scripts/lab/step_times.py splits `molecule test` output into timed steps, names the lab's own steps
+inside side_effect, and reports a failed step with the end of its output."""
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("step_times", ROOT / "scripts/lab/step_times.py")
+st = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(st)
+
+ARROW = "\x1b[32mdefault\x1b[0m ➜ \x1b[33m{}\x1b[0m: \x1b[36m{}\x1b[0m"
+
+
+def _run(lines, tmp_path=None):
+    t = [0.0]
+
+    def clock():
+        t[0] += 10.0
+        return t[0]
+
+    steps = st.Steps(tmp_path, clock=clock)
+    for line in lines:
+        steps.feed(line + "\n")
+    steps.close()
+    return steps
+
+
+def _action(name, result="Executed: Successful"):
+    return [ARROW.format(name, "Executing"), f"  │ TASK [{name} task]", ARROW.format(name, result)]
+
+
+def test_actions_and_lab_steps_are_timed(tmp_path):
+    lines = (_action("converge") + _action("idempotence") + _action("verify")
+             + [ARROW.format("side_effect", "Executing"),
+                "  │ TASK [Lab steps | Results directory]",
+                "  │ TASK [Lab step | rerun (site.yml --skip-tags verify, changed=0)]",
+                "  │ TASK [Lab step | drills (kill -9 ...)]",
+                ARROW.format("side_effect", "Executed: Successful")]
+             + _action("verify"))
+    steps = _run(lines, tmp_path)
+    assert steps.order == ["converge", "idempotence", "verify", "side_effect", "rerun", "drills", "verify-2"]
+    assert steps.failed() == []
+    assert all(v > 0 for v in steps.took.values())
+    report = steps.report()
+    assert "re-run with verify (molecule idempotence) / first converge" in report
+    assert "re-run without verify" in report
+    assert (tmp_path / "step-drills.log").read_text().startswith("  │ TASK [Lab step | drills")
+
+
+def test_failed_lab_step_is_named_with_its_output(tmp_path):
+    lines = (_action("converge")
+             + [ARROW.format("side_effect", "Executing"),
+                "  │ TASK [Lab step | rerun (x)]",
+                "  │ TASK [Lab step | drills (y)]",
+                "  │ fatal: [localhost]: FAILED! drill master failover: goal missed",
+                ARROW.format("side_effect", "Executed: Failed")])
+    steps = _run(lines, tmp_path)
+    assert steps.failed() == ["side_effect", "drills"]
+    assert steps.status["rerun"] == "ok"
+    report = steps.report()
+    assert "[lab-test] drills FAILED" in report
+    assert "goal missed" in report
+
+
+def test_output_that_ends_inside_a_step_is_a_failure():
+    steps = _run([ARROW.format("converge", "Executing"), "  │ TASK [x]"])
+    assert steps.failed() == ["converge"]
+
+
+def test_lab_step_names_outside_side_effect_are_plain_lines():
+    steps = _run(_action("verify") + ["  │ TASK [Lab step | looks like one]"])
+    assert steps.order == ["verify"]
