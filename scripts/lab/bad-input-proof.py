@@ -26,6 +26,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from labinv import Lab  # noqa: E402  (the lab's names, from its inventory)
+
+LAB = Lab()
 DOCKER = os.environ.get("DOCKER", "docker")
 LAB_INVENTORY = REPO / "molecule" / "default" / "inventory"
 LAB_VAULT_PASS = REPO / "molecule" / "default" / "vault-pass-LAB-ONLY"
@@ -140,8 +144,9 @@ CASES = [
                      "rdma_load_modules": False, "rdma_apply_sysctl": False},
      ("mooncake_protocol=rdma on", "no RDMA port is ACTIVE")),
 ]
-# An even etcd member count needs a different group, so it is an extra inventory source.
-EVEN_ETCD = "[etcd]\nprefill1\n"
+# An even etcd member count needs a different group, so it is an extra inventory source
+# (one more etcd member: the lab's first prefill host).
+EVEN_ETCD = "[etcd]\n{host}\n"
 EVEN_ETCD_NEEDLES = ("The group etcd has 4 members", "needs an odd count")
 REFUSING_TASK = re.compile(r"\b(Preflight|Select) \|")
 
@@ -354,7 +359,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--inventory", default="molecule/default/inventory")
     ap.add_argument("--hosts", nargs="+",
-                    default=["etcd1", "etcd2", "etcd3", "prefill1", "decode1", "decode2", "router1"])
+                    default=LAB.hosts())
     ap.add_argument("--out", default="bad-input-proof.json")
     ap.add_argument("--no-check-diff", dest="check_diff", action="store_false",
                     help="skip the site.yml --check --diff run (it must report changed=0 on every host)")
@@ -382,7 +387,7 @@ def prove(args):
         raise ProofError("the lab is not converged as the proof expects:\n  " + "\n  ".join(problems))
     tmp = Path(tempfile.mkdtemp())
     even = tmp / "even-etcd.ini"
-    even.write_text(EVEN_ETCD)
+    even.write_text(EVEN_ETCD.format(host=LAB.hosts("vllm_prefill")[0]))
     runs = [(cid, [args.inventory], ["-e", json.dumps(ev)], needles) for cid, ev, needles in CASES]
     runs.append(("even_etcd_count", [args.inventory, str(even)], [], EVEN_ETCD_NEEDLES))
     for cid, inv, extra, needles in runs:

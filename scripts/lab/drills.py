@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import load  # noqa: E402  (scripts/lab/load.py)
+from labinv import Lab as LabInventory  # noqa: E402  (the lab's names and addresses, from its inventory)
 
 GOAL_S = 30  # the recovery goal of every service whose start is not a model load
 
@@ -225,16 +226,18 @@ def failure_problems(r):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    inv = LabInventory()
+    first = {g: next(iter(inv.instances([g])), None) for g in ("vllm_prefill", "vllm_decode")}
     ap.add_argument("--inventory", default="molecule/default/inventory")
-    ap.add_argument("--router-url", default="http://172.30.0.41:8000")
-    ap.add_argument("--router-host", default="router1")
-    ap.add_argument("--model", default="tiny-llama")
+    ap.add_argument("--router-url", default=inv.router_url())
+    ap.add_argument("--router-host", default=inv.router_host())
+    ap.add_argument("--model", default=inv.var("vllm_served_model_name"))
     ap.add_argument("--api-key", default=os.environ.get("PD_ROUTER_API_KEY", ""))
-    ap.add_argument("--etcd", nargs="+", default=["etcd1", "etcd2", "etcd3"])
-    ap.add_argument("--masters", nargs="+", default=["etcd1", "etcd2"])
-    ap.add_argument("--master-metrics-port", type=int, default=9003)
-    ap.add_argument("--prefill", default="prefill1:prefill0:8100")
-    ap.add_argument("--decode", default="decode1:decode0:8200")
+    ap.add_argument("--etcd", nargs="+", default=inv.hosts("etcd"))
+    ap.add_argument("--masters", nargs="+", default=inv.hosts("mooncake_master"))
+    ap.add_argument("--master-metrics-port", type=int, default=int(inv.var("mooncake_master_metrics_port")))
+    ap.add_argument("--prefill", default=":".join(map(str, first["vllm_prefill"])))
+    ap.add_argument("--decode", default=":".join(map(str, first["vllm_decode"])))
     ap.add_argument("--limit", type=float, default=GOAL_S, help="recovery goal for etcd, master, router (and systemd's restart of any unit)")
     ap.add_argument("--vllm-limit", type=float, default=240,
                     help="recovery bound for a killed vLLM: its start-up is a model load on 2 CPU cores "

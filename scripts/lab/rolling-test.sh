@@ -11,22 +11,26 @@ out=${1:-$repo/lab-results}
 mkdir -p "$out"
 py=$repo/.venv/bin/python
 inv=$repo/molecule/default/inventory
-router=${PD_LAB_ROUTER_URL:-http://172.30.0.41:8000}
-instances=(prefill1:prefill0 prefill1:prefill1 decode1:decode0 decode2:decode0)
+labinv() { "$py" "$here/labinv.py" "$@"; }
+# The lab's router, model and instances (host:instance), from the lab inventory.
+router=${PD_LAB_ROUTER_URL:-$(labinv router-url)}
+model=$(labinv var vllm_served_model_name)
+mapfile -t instances < <(labinv instances | cut -d: -f1,2)
+mapfile -t decodes < <(labinv instances vllm_decode | cut -d: -f1,2)
 
 # Start from a serving lab: 3 requests in a row through the router (a step before may still settle).
-PD_HERE=$here "$py" - "$router" <<'PY' || { echo "[rolling] the router does not serve before the upgrade" >&2; exit 1; }
+PD_HERE=$here "$py" - "$router" "$model" <<'PY' || { echo "[rolling] the router does not serve before the upgrade" >&2; exit 1; }
 import os, sys
 sys.path.insert(0, os.environ["PD_HERE"])
 import load
 key = os.environ.get("PD_ROUTER_API_KEY", "")
-sys.exit(0 if load.until_serving(sys.argv[1], "tiny-llama", key, prompt="warm up " * 40) is not None else 1)
+sys.exit(0 if load.until_serving(sys.argv[1], sys.argv[2], key, prompt="warm up " * 40) is not None else 1)
 PY
 pids() { for hi in "${instances[@]}"; do docker exec "${hi%%:*}" systemctl show -p MainPID --value "vllm@${hi##*:}"; done; }
 before=$(pids)
 
 stop=$(mktemp -u)
-"$py" "$here/load.py" --url "$router" --model tiny-llama --workers 1 --pause 0.5 --duration 3600 \
+"$py" "$here/load.py" --url "$router" --model "$model" --workers 1 --pause 0.5 --duration 3600 \
   --stop-file "$stop" --out "$out/rolling-load.json" &
 loader=$!
 sleep 5
@@ -34,7 +38,8 @@ start=$(date +%s)
 # The "upgrade": an engine argument changed on every instance (-e wins over the inventory); the
 # value differs from whatever the instances run now, so every run really restarts them.
 seqs=32
-docker exec decode1 grep -q -- "--max-num-seqs 32" /etc/vllm/decode0.env && seqs=48
+d0=${decodes[0]}
+docker exec "${d0%%:*}" grep -q -- "--max-num-seqs 32" "/etc/vllm/${d0##*:}.env" && seqs=48
 echo "[rolling] changing --max-num-seqs to $seqs on every instance"
 rc=0
 # The lab runs kv_load_failure_policy=recompute (group_vars/all.yml): a KV pull that fails is
@@ -57,13 +62,13 @@ read -r failed total lat < <("$py" -c 'import json,sys; d=json.load(open(sys.arg
 restarted=$(paste <(echo "$before") <(echo "$after") | awk '$1 != $2 && $2 != 0' | wc -l)
 reasons=$out/rolling-recomputed.txt
 : > "$reasons"
-for hi in decode1:decode0 decode2:decode0; do
+for hi in "${decodes[@]}"; do
   docker exec "${hi%%:*}" journalctl -u "vllm@${hi##*:}" --since "$since" --no-pager 2>/dev/null \
     | grep 'pulling kv_caches for' | sed "s/^/${hi%%:*}: /" >> "$reasons" || true
 done
 recomputed=$(wc -l < "$reasons")
 echo "[rolling] playbook rc=$rc in ${took}s; instances restarted: $restarted/${#instances[@]}; requests through the router: $total, failed: $failed ($lat); KV pulls failed and recomputed on decode: $recomputed"
-grep -E "^(prefill|decode)[0-9]+ +:" "$out/rolling-playbook.log" || true
+grep -E "^($(printf '%s\n' "${instances[@]%%:*}" | sort -u | paste -sd'|')) +:" "$out/rolling-playbook.log" || true
 if ((rc != 0)); then tail -40 "$out/rolling-playbook.log"; exit 1; fi
 ((restarted == ${#instances[@]})) || { echo "[rolling] FAILED: not every instance restarted" >&2; exit 1; }
 ((failed == 0)) || { echo "[rolling] FAILED: $failed requests failed during the rolling restart" >&2;

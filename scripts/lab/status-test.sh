@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Lab test of playbooks/status.yml against the running docker lab (make lab):
 #   1. status exits 0 and prints a GREEN table (units, health, transfer matrix);
-#   2. one unit stopped (default: vllm@decode0 on decode2): status exits non-zero and that unit's row is RED;
+#   2. one unit stopped (default: the last decode instance of the lab inventory): status exits non-zero
+#      and that unit's row is RED;
 #   3. the unit started again and serving (/v1/models) again; status green again.
 # The unit is started again on any exit. Usage: scripts/lab/status-test.sh [HOST UNIT PORT]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-HOST=${1:-decode2}
-UNIT=${2:-vllm@decode0}
-PORT=${3:-8200}
 VENV=${PD_LAB_VENV:-$PWD/.venv}
+last_decode=$("$VENV/bin/python" scripts/lab/labinv.py instances vllm_decode | tail -n1)  # host:instance:port
+IFS=: read -r d_host d_name d_port <<<"$last_decode"
+HOST=${1:-$d_host}
+UNIT=${2:-vllm@$d_name}
+PORT=${3:-$d_port}
 INV=${PD_LAB_INVENTORY:-molecule/default/inventory}
 export ANSIBLE_CONFIG=$PWD/ansible.cfg ANSIBLE_NOCOLOR=1
 # LAB ONLY: the lab inventory's vault (router API key) is encrypted with this password file.
