@@ -24,7 +24,13 @@
   auto = 2+ masters). The master's flags, the clients' master address and preflight all use it.
 - metadata_backend:   where store-mode engines keep their segment metadata (mooncake_metadata_backend:
   auto = etcd when the masters are HA, else the first master's HTTP metadata server).
+- host_cfg:           a host's effective settings of EVERY role: the roles' literal defaults
+  (roles/*/defaults/main.yml) overlaid by the inventory. Plays and roles that read another role's
+  variable (status, the firewall, the mooncake role's view of the masters) read it here, so no
+  literal copy of another role's default exists anywhere.
 """
+import importlib.util
+import os
 import re
 
 try:
@@ -152,7 +158,8 @@ def vllm_endpoints(hosts, hostvars, settings_key=None, default_bootstrap_port=No
     """[{host, name, ip, port, url, bootstrap_port, engine_id}] for every instance of `hosts`, in order.
 
     An instance's ip is its host_ip, else its host's (host_ip filter); bootstrap_port its own, else the
-    host's vllm_default_bootstrap_port, else default_bootstrap_port. settings_key reads each host's
+    host's vllm_default_bootstrap_port, else default_bootstrap_port, else the vllm role's default
+    (role_defaults: never a copy of it). settings_key reads each host's
     vllm_instances and vllm_default_bootstrap_port from hostvars[host][settings_key] (preflight's effective
     settings) instead of hostvars[host]."""
     out = []
@@ -160,6 +167,8 @@ def vllm_endpoints(hosts, hostvars, settings_key=None, default_bootstrap_port=No
         hv = hostvars[h]
         cfg = (hv.get(settings_key) or {}) if settings_key else hv
         dflt = cfg.get('vllm_default_bootstrap_port', default_bootstrap_port)
+        if dflt is None:
+            dflt = role_defaults()[1].get('vllm_default_bootstrap_port')
         for i in cfg.get('vllm_instances') or []:
             ip = str(i.get('host_ip') or host_ip(h, hostvars))
             out.append({'host': h, 'name': i.get('name'), 'ip': ip, 'port': i.get('port'),
@@ -312,9 +321,55 @@ def metadata_backend(setting, ha):
     return str(setting)
 
 
+_ROLES_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'roles'))
+_DEFAULTS_CACHE = {}
+
+
+def _preflight():
+    """plugins/filter/preflight.py (reads the roles' defaults; Ansible loads filter files under private names)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'preflight.py')
+    spec = importlib.util.spec_from_file_location('_pd_bundle_filter_preflight_for_bundle', path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def role_defaults(roles_dir=None):
+    """Every role's literal defaults, merged (read once per process)."""
+    roles_dir = os.path.normpath(roles_dir or _ROLES_DIR)
+    if roles_dir not in _DEFAULTS_CACHE:
+        pre = _preflight()
+        _DEFAULTS_CACHE[roles_dir] = (pre, pre.load_roles(roles_dir)['defaults'])
+    return _DEFAULTS_CACHE[roles_dir]
+
+
+_PLACEHOLDER = re.compile(r'\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}')
+
+
+def host_cfg(host, hostvars, roles_dir=None):
+    """host's effective value of every variable a role defaults.
+
+    A default that is a template made only of plain "{{ name }}" placeholders over other settings
+    (etcd_ca_file: "{{ etcd_cert_dir }}/ca.crt") is rendered from them; other templated defaults
+    (facts, filters) are left out.
+    """
+    pre, defaults = role_defaults(roles_dir)
+    cfg = pre.effective(hostvars[host], defaults)
+    pending = {k: v for k, v in defaults.items() if k not in cfg and isinstance(v, str) and '{{' in v
+               and not _PLACEHOLDER.sub('', v).count('{')}
+    for _ in range(3):  # chains of placeholders, a few deep
+        for key, tmpl in list(pending.items()):
+            names = _PLACEHOLDER.findall(tmpl)
+            if all(isinstance(cfg.get(n), (str, int)) and not isinstance(cfg.get(n), bool) for n in names):
+                cfg[key] = _PLACEHOLDER.sub(lambda m: str(cfg[m.group(1)]), tmpl)
+                del pending[key]
+    return cfg
+
+
 class FilterModule(object):
     def filters(self):
         return {
+            'bundle_host_cfg': host_cfg,
             'bundle_host_ip': host_ip,
             'bundle_size_bytes': size_bytes,
             'bundle_is_size': is_size,

@@ -14,7 +14,8 @@ HOST=${1:-$d_host}
 UNIT=${2:-vllm@$d_name}
 PORT=${3:-$d_port}
 INV=${PD_LAB_INVENTORY:-molecule/default/inventory}
-export ANSIBLE_CONFIG=$PWD/ansible.cfg ANSIBLE_NOCOLOR=1
+# Plain tables to grep, also under molecule (which forces colour).
+export ANSIBLE_CONFIG=$PWD/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0
 # LAB ONLY: the lab inventory's vault (router API key) is encrypted with this password file.
 if [[ -f molecule/default/vault-pass-LAB-ONLY && -z "${ANSIBLE_VAULT_PASSWORD_FILE:-}" ]]; then
   export ANSIBLE_VAULT_PASSWORD_FILE=$PWD/molecule/default/vault-pass-LAB-ONLY
