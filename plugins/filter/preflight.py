@@ -14,6 +14,7 @@ Pure functions (no Ansible state), unit-tested in tests/unit/test_preflight_filt
 - preflight_is_boollike:      a real bool, or a string/int that Ansible's bool filter maps unambiguously
 - preflight_bad_tokens:       items of an argument list that are not one systemd token (non-strings, whitespace, empty)
 - preflight_role_files:       the roles' defaults files and argument spec files under a roles directory (controller side)
+- preflight_example_secrets:  vault data in the inventory that the repo's own TEST-ONLY / LAB-ONLY passwords decrypt
 - preflight_load_roles:       those files read: every role's defaults merged, and each role's main argument spec
                               ({role, file, groups, options}) for the checks (plugins/filter/preflight_checks.py)
 - preflight_spec_failures:    a failed validate_argument_spec loop as one message per role
@@ -282,6 +283,74 @@ def spec_failures(failed_result):
     return out
 
 
+_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
+# The passwords this repository ships (its example secrets are public): never good for a real cluster.
+EXAMPLE_VAULT_PASSWORDS = ('tests/fixtures/vault-pass-TEST-ONLY', 'molecule/*/vault-pass-LAB-ONLY')
+_VAULT_BLOCK = re.compile(r'^(?P<indent>[ \t]*)(?:- )?(?P<key>[A-Za-z_][A-Za-z0-9_]*):[ \t]*!vault[ \t]*\|[^\n]*\n'
+                          r'(?P<body>(?:(?P=indent)[ \t]+\S[^\n]*\n?)+)', re.M)
+
+
+def _vault_items(path):
+    """(label, ciphertext) for a whole-file vault and for each inline !vault value of a YAML file."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError):
+        return []
+    if text.lstrip().startswith('$ANSIBLE_VAULT;'):
+        return [(None, text.strip())]
+    return [(m.group('key'), '\n'.join(line.strip() for line in m.group('body').splitlines()))
+            for m in _VAULT_BLOCK.finditer(text)]
+
+
+def _inventory_files(sources):
+    for src in sources or []:
+        src = str(src)
+        if os.path.isfile(src):
+            yield src
+        for root, dirs, files in os.walk(src) if os.path.isdir(src) else []:
+            dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
+            for name in sorted(files):
+                if not name.startswith('.'):
+                    yield os.path.join(root, name)
+
+
+def example_secrets(inventory_sources, password_files=None, repo=_REPO):
+    """Messages for every vault value in the inventory sources that a password shipped in this repo decrypts."""
+    try:
+        from ansible.parsing.vault import VaultLib, VaultSecret
+    except ImportError:  # pragma: no cover - ansible is there whenever this runs as a filter
+        return []
+    pw_files = password_files if password_files is not None else sorted(
+        f for pattern in EXAMPLE_VAULT_PASSWORDS for f in glob.glob(os.path.join(repo, pattern)))
+    libs = []
+    for f in pw_files:
+        with open(f, 'rb') as fh:
+            libs.append((os.path.relpath(f, repo), VaultLib([('default', VaultSecret(fh.read().strip()))])))
+    out = []
+    for path in _inventory_files(inventory_sources):
+        for key, blob in _vault_items(path):
+            for name, lib in libs:
+                try:
+                    plain = lib.decrypt(blob.encode())
+                except Exception:  # another password: what a real inventory has
+                    continue
+                if key is None:
+                    try:
+                        keys = sorted((yaml.safe_load(plain) or {}).keys())
+                    except Exception:
+                        keys = []
+                    what = 'the variables %s in %s decrypt' % (', '.join(keys) or '(none)', path)
+                else:
+                    what = 'the variable %s in %s decrypts' % (key, path)
+                out.append('%s with this repository\'s example vault password (%s): that secret is public. '
+                           'Fix: make your own secret (e.g. openssl rand -hex 32) and encrypt it with your own vault password '
+                           '(ansible-vault encrypt_string --vault-password-file YOUR_FILE); a lab may set '
+                           'preflight_example_secrets_allowed: true.' % (what, name))
+                break
+    return out
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -298,5 +367,6 @@ class FilterModule(object):
             'preflight_bad_tokens': bad_tokens,
             'preflight_role_files': role_files,
             'preflight_load_roles': load_roles,
+            'preflight_example_secrets': example_secrets,
             'preflight_spec_failures': spec_failures,
         }

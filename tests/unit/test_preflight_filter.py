@@ -153,3 +153,36 @@ def test_spec_failures_name_role_file_and_errors():
         "role vllm (roles/vllm/meta/argument_specs.yml): x is not int; y missing.",
         "role etcd (roles/etcd/meta/argument_specs.yml): boom."]
     assert pf.spec_failures({"failed": True, "msg": "single"}) == ["role ? (?): single."]
+
+
+def test_example_secrets_refused_and_own_secrets_pass(tmp_path):
+    """Vault data the repo's own TEST-ONLY/LAB-ONLY passwords decrypt is public: named with the file,
+    the variables and the fix. A secret under another password passes."""
+    from ansible.parsing.vault import VaultLib, VaultSecret
+    example = tmp_path / 'vault-pass-TEST-ONLY'
+    example.write_text('example\n')
+    pub = VaultLib([('default', VaultSecret(b'example'))])
+    own = VaultLib([('default', VaultSecret(b'my own'))])
+    inv = tmp_path / 'inv'
+    (inv / 'group_vars' / 'vllm_router').mkdir(parents=True)
+    (inv / 'group_vars' / 'vllm_router' / 'vault.yml').write_bytes(pub.encrypt(b'vault_router_key: abc\n'))
+    inline = pub.encrypt(b'xyz').decode()
+    (inv / 'group_vars' / 'all.yml').write_text(
+        'common_pip_offline: true\nhaproxy_keys:\n  - name: app\n    key: !vault |\n'
+        + ''.join('      %s\n' % line for line in inline.splitlines()))
+    (inv / 'host_vars').mkdir()
+    (inv / 'host_vars' / 'h1.yml').write_bytes(own.encrypt(b'vault_x: 1\n'))
+    msgs = pf.example_secrets([str(inv)], password_files=[str(example)], repo=str(tmp_path))
+    assert len(msgs) == 2, msgs
+    router = next(m for m in msgs if 'vault.yml' in m)
+    assert 'vault_router_key' in router and 'vault-pass-TEST-ONLY' in router and 'Fix:' in router
+    inline_msg = next(m for m in msgs if 'all.yml' in m)
+    assert 'the variable key in' in inline_msg
+    assert pf.example_secrets([str(inv / 'host_vars')], password_files=[str(example)], repo=str(tmp_path)) == []
+
+
+def test_prod_inventory_as_shipped_holds_an_example_secret():
+    """inventory/prod's router key is encrypted with tests/fixtures/vault-pass-TEST-ONLY: deploying it
+    as shipped is refused (render mode is not)."""
+    msgs = pf.example_secrets([os.path.join(REPO, 'inventory', 'prod')])
+    assert msgs and 'vault-pass-TEST-ONLY' in msgs[0]
