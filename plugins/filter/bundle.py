@@ -24,6 +24,8 @@
   auto = 2+ masters). The master's flags, the clients' master address and preflight all use it.
 - metadata_backend:   where store-mode engines keep their segment metadata (mooncake_metadata_backend:
   auto = etcd when the masters are HA, else the first master's HTTP metadata server).
+- etcd_mooncake_hostports: host:port of every etcd member for Mooncake's etcd client, each member's own
+  client port, or its plain listener (etcd_mooncake_client_port) when that member runs TLS.
 - host_cfg:           a host's effective settings of EVERY role: the roles' literal defaults
   (roles/*/defaults/main.yml) overlaid by the inventory. Plays and roles that read another role's
   variable (status, the firewall, the mooncake role's view of the masters) read it here, so no
@@ -366,10 +368,20 @@ def host_cfg(host, hostvars, roles_dir=None):
     return cfg
 
 
+def etcd_mooncake_hostports(etcd_hosts, hostvars):
+    out = []
+    for h in etcd_hosts or []:
+        cfg = host_cfg(h, hostvars)
+        tls = _truthy(cfg.get('etcd_tls_enabled'), False)
+        out.append('%s:%s' % (host_ip(h, hostvars), cfg['etcd_mooncake_client_port'] if tls else cfg['etcd_client_port']))
+    return out
+
+
 class FilterModule(object):
     def filters(self):
         return {
             'bundle_host_cfg': host_cfg,
+            'bundle_etcd_mooncake_hostports': etcd_mooncake_hostports,
             'bundle_host_ip': host_ip,
             'bundle_size_bytes': size_bytes,
             'bundle_is_size': is_size,

@@ -182,3 +182,21 @@ def test_vllm_stale_instances():
     assert bf.vllm_stale_instances(starts, stats) == ["p0"]  # p1 started after its inputs; p2 is not running
     stats[0]["stat"]["mtime"] = 4000.0  # the shared unit file changed after both started
     assert bf.vllm_stale_instances(starts, stats) == ["p0", "p1"]
+
+
+def test_host_cfg_reads_role_defaults_under_the_inventory():
+    """Another role's setting comes from that role's defaults, overridden by the inventory: no copies."""
+    hv = {'r1': {'vllm_router_port': 9000, 'etcd_cert_dir': '/pki'}, 'r2': {}}
+    import yaml
+    router_default = yaml.safe_load(open(os.path.join(REPO, "roles/vllm_router/defaults/main.yml")).read())['vllm_router_port']
+    assert bf.host_cfg('r1', hv)['vllm_router_port'] == 9000
+    assert bf.host_cfg('r2', hv)['vllm_router_port'] == router_default
+    # plain "{{ name }}" templates over other settings are rendered; others are left out
+    assert bf.host_cfg('r1', hv)['etcd_ca_file'] == '/pki/ca.crt'
+    assert 'etcd_cert_file' not in bf.host_cfg('r1', hv)  # needs inventory_hostname
+
+
+def test_etcd_mooncake_hostports_follow_each_members_tls():
+    hv = {'e1': {'common_host_ip': '10.0.0.1', 'etcd_tls_enabled': True, 'etcd_mooncake_client_port': 2479},
+          'e2': {'common_host_ip': '10.0.0.2', 'etcd_tls_enabled': False, 'etcd_client_port': 2390}}
+    assert bf.etcd_mooncake_hostports(['e1', 'e2'], hv) == ['10.0.0.1:2479', '10.0.0.2:2390']
