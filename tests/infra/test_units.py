@@ -62,3 +62,37 @@ def test_master_election_watchdog(host):
     unit = host.service('mooncake-master-watchdog')
     assert unit.is_running and unit.is_enabled
     assert host.file('/opt/mooncake/bin/mooncake-master-watchdog').mode == 0o755
+
+
+# Runs on the router host as root; reads the key from the 0600 file itself, so the key is never on the
+# scanner's own argv. Prints the PIDs whose command line holds the key.
+_CMDLINE_SCAN = r'''
+import os
+key = [l.split("=", 1)[1].strip() for l in open("/etc/vllm-router/api-key.env") if l.startswith("VLLM_ROUTER_API_KEY=")][0]
+assert key
+hits = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit() and pid != str(os.getpid()):
+        try:
+            cmd = open("/proc/%s/cmdline" % pid, "rb").read().replace(b"\0", b" ").decode(errors="ignore")
+        except OSError:
+            continue
+        if key in cmd:
+            hits.append("%s: %s" % (pid, cmd.replace(key, "<key>")[:120]))
+print("\n".join(hits))
+'''
+
+
+def test_router_key_on_no_command_line(host):
+    """The worker key lives in a 0600 env file; no live process's /proc/<pid>/cmdline holds it."""
+    v = hvars(host)
+    if not in_group(host, 'vllm_router') or not str(v.get('vllm_router_api_key') or '').strip():
+        pytest.skip('no router key on this host')
+    cmd = "python3 -c '%s'" % _CMDLINE_SCAN.replace("'", "'\"'\"'")
+    if host.check_output('id -u') == '0':
+        res = host.run(cmd)
+    else:
+        with host.sudo():
+            res = host.run(cmd)
+    assert res.rc == 0, res.stderr[-500:]
+    assert res.stdout.strip() == '', 'the router key is on a command line:\n' + res.stdout

@@ -283,3 +283,26 @@ def test_render_is_byte_identical_to_the_recorded_one(prod_render):
         raise AssertionError('render of inventory/prod differs from %s in %d file(s): %s\n'
                              'If the change is intended: make render-manifest, and say why in the commit.'
                              % (MANIFEST.relative_to(REPO), len(diff), ', '.join(diff[:20])))
+
+
+def test_no_secret_on_any_command_line(prod_render, inventory):
+    """No vault secret reaches a command line: every rendered unit's ExecStart, expanded with the unit's
+    EnvironmentFiles as systemd would, holds none of them; they live only in 0600 env files."""
+    _, hv = inventory
+    secrets = {str(v) for h in hv.values() for k, v in h.items() if k.startswith('vault_') and len(str(v)) >= 8}
+    assert secrets, 'inventory/prod has no vault_ secret: the test would prove nothing'
+    units = sorted(prod_render.rglob('*.service'))
+    assert units
+    for unit in units:
+        host_root = prod_render / unit.relative_to(prod_render).parts[0]
+        env = {}
+        for line in unit.read_text().splitlines():
+            if line.startswith('EnvironmentFile='):
+                f = host_root / line.split('=', 1)[1].lstrip('-').lstrip('/')
+                if f.exists():
+                    env.update(parse_env_file(f))
+        argv = expand_exec(unit_exec_start(unit), env)
+        leaked = [s for s in secrets if any(s in a for a in argv)]
+        assert not leaked, f'{unit.relative_to(prod_render)}: a vault secret is on the command line: {command_line(argv)[:200]}'
+    holders = [p for p in prod_render.rglob('*') if p.is_file() and any(s in p.read_text(errors='ignore') for s in secrets)]
+    assert holders and all(p.name.endswith('.env') for p in holders), holders
