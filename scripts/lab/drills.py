@@ -224,6 +224,18 @@ def failure_problems(r):
     return out
 
 
+def keep_master_journals(masters, since_epoch, out):
+    """The masters' and their watchdogs' journals since the drills began, kept beside the report when a
+    master drill failed (the lab, and its journals, are destroyed right after)."""
+    parts = []
+    for host in masters:
+        res = sh(host, "journalctl", "-u", "mooncake-master", "-u", "mooncake-master-watchdog", "--no-pager",
+                 "-o", "short-precise", "--since", "@%d" % int(since_epoch - 60), check=False)
+        parts.append("===== %s (rc %d)\n%s%s" % (host, res.returncode, res.stdout[-200000:], res.stderr[-2000:]))
+    out.write_text("\n".join(parts))
+    print(f"drills: the masters' journals are in {out}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     inv = LabInventory()
@@ -346,6 +358,9 @@ def main(argv=None):
 
     report = {"drills": results, "load": load_summary, "failed_bound": FAILED_BOUND, "problems": problems}
     Path(args.out).write_text(json.dumps(report, indent=2))
+    if any("master" in p for p in problems):
+        keep_master_journals(args.masters, min((r.get("kill_epoch") or time.time() for r in results), default=time.time()),
+                             Path(args.out).with_name("master-journals.txt"))
     print(f"{'drill':30} {'host':9} {'recovery s':>10} {'goal s':>6} {'failed':>6} {'bound':>5}  detail")
     for r in results:
         goal = r.get("recovery_limit_s", r.get("limit_s", "-"))

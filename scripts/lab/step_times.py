@@ -106,9 +106,11 @@ class Steps:
         for name in failed:
             if name.startswith("side_effect") and len(failed) > 1:
                 continue  # the lab step that failed inside it says more
-            tail = [x for x in self.lines[name] if x.strip()][-15:]
-            out.append(f"[lab-test] {name} FAILED; the end of its output:")
-            out.extend("  | " + x[:300] for x in tail)
+            lines = [x for x in self.lines[name] if x.strip()]
+            # ansible prints the error first and its task recap last: show both
+            errors = [x for x in lines if re.search(r"fatal:|FAILED|ERROR|Error", x)][:12]
+            out.append(f"[lab-test] {name} FAILED; its error lines, then the end of its output:")
+            out.extend("  | " + x[:300] for x in errors + ["..."] + lines[-10:])
         return "\n".join(out)
 
 

@@ -100,3 +100,21 @@ def test_serves_needs_n_in_a_row_and_until_serving_waits(monkeypatch):
     assert load.until_serving("u", "m", limit=5, step=0) is not None  # the next three succeed
     monkeypatch.setattr(load, "one_request", lambda *a, **k: (False, "HTTP 502"))
     assert load.until_serving("u", "m", limit=0.05, step=0.01) is None
+
+
+def test_failed_master_drill_keeps_the_masters_journals(tmp_path, monkeypatch):
+    calls = []
+
+    class Res:
+        returncode, stdout, stderr = 0, "mooncake-master: leader lost its lease\n", ""
+
+    def fake_sh(host, *cmd, check=True, timeout=180):
+        calls.append((host, cmd, check))
+        return Res()
+
+    monkeypatch.setattr(drills, "sh", fake_sh)
+    out = tmp_path / "master-journals.txt"
+    drills.keep_master_journals(["m1", "m2"], 1000.0, out)
+    text = out.read_text()
+    assert "===== m1 (rc 0)" in text and "===== m2 (rc 0)" in text and "lost its lease" in text
+    assert all(not check and "@940" in cmd for _, cmd, check in calls)
