@@ -15,12 +15,21 @@
 Plain YAML (no Ansible, no vault): the lab's vault holds only the router's API key.
 """
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _bundle_filter(repo):
+    """plugins/filter/bundle.py, whose role_defaults reads the roles' defaults for every other reader too."""
+    spec = importlib.util.spec_from_file_location("_labinv_bundle", Path(repo) / "plugins" / "filter" / "bundle.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 class Lab:
@@ -57,10 +66,9 @@ class Lab:
         """The inventory's value (group_vars/all.yml), else the role default that defines it."""
         if name in self.all_vars:
             return self.all_vars[name]
-        for f in sorted((self.repo / "roles").glob("*/defaults/main.yml")):
-            d = yaml.safe_load(f.read_text()) or {}
-            if name in d:
-                return d[name]
+        defaults = _bundle_filter(self.repo).role_defaults(str(self.repo / "roles"))[1]
+        if name in defaults:
+            return defaults[name]
         raise KeyError(f"{name}: not in the lab inventory's group_vars/all.yml nor in any role's defaults")
 
     def instances(self, groups=("vllm_prefill", "vllm_decode")):
