@@ -118,3 +118,17 @@ def test_failed_master_drill_keeps_the_masters_journals(tmp_path, monkeypatch):
     text = out.read_text()
     assert "===== m1 (rc 0)" in text and "===== m2 (rc 0)" in text and "lost its lease" in text
     assert all(not check and "@940" in cmd for _, cmd, check in calls)
+
+
+def test_role_watch_keeps_changes_and_a_failover_failure_shows_them():
+    watch = drills.RoleWatch(lambda: {}, t0=0.0)
+    for t, roles in ((0.3, {"etcd1": "down", "etcd2": "standby"}), (0.8, {"etcd1": "down", "etcd2": "standby"}),
+                     (4.1, {"etcd1": "down", "etcd2": "leader"}), (12.0, {"etcd1": "standby", "etcd2": "leader"})):
+        watch.record(roles, t)
+    assert watch.now() == {"etcd1": "standby", "etcd2": "leader"}
+    assert watch.timeline() == ("0.3s etcd1:down etcd2:standby | 4.1s etcd1:down etcd2:leader"
+                                " | 12.0s etcd1:standby etcd2:leader")
+    flapped = _failover(old_leader_back_as_standby_s=None,
+                        roles_timeline="4.1s etcd1:leader etcd2:down | 40.2s etcd1:standby etcd2:leader")
+    (msg,) = drills.failover_problems(flapped)
+    assert "did not come back as standby (master roles after the kill: 4.1s etcd1:leader" in msg
