@@ -255,21 +255,28 @@ def listener_port_table(listeners):
     return table
 
 
-def vllm_stale_instances(start_results, input_stats):
+def vllm_stale_instances(show_stdout, stat_stdout, inputs):
     """[instance name] whose main process started before one of its inputs' mtime.
 
-    start_results: loop results of `systemctl show --timestamp=unix -p ExecMainStartTimestamp --value
-    vllm@NAME` (stdout '@<epoch>', empty when not running; item.name). input_stats: loop results of
-    ansible.builtin.stat over {instance, path} items; instance '' is an input of every instance."""
+    show_stdout: one `systemctl show --timestamp=unix --property=Id,ExecMainStartTimestamp vllm@A vllm@B`
+    (a block per unit, blank-line separated; the timestamp '@<epoch>', empty when not running).
+    stat_stdout: one `stat --format='%.9Y %n' -- PATH...` (a line per existing path; missing ones are
+    left out). inputs: [{instance, path}]; instance '' is an input of every instance.
+    One command each instead of a task per file: a re-run pays per remote call."""
+    mtimes = {}
+    for line in str(stat_stdout or '').splitlines():
+        epoch, _, path = line.partition(' ')
+        if path:
+            mtimes[path] = float(epoch)
     stale = []
-    for r in start_results or []:
-        started = str(r.get('stdout') or '').strip().lstrip('@')
-        if not started:
+    for block in str(show_stdout or '').split('\n\n'):
+        props = dict(line.split('=', 1) for line in block.splitlines() if '=' in line)
+        unit, started = props.get('Id', ''), props.get('ExecMainStartTimestamp', '').strip().lstrip('@')
+        if not (unit.startswith('vllm@') and started):
             continue
-        name = (r.get('item') or {}).get('name')
-        mtimes = [s['stat']['mtime'] for s in input_stats or []
-                  if (s.get('stat') or {}).get('exists') and (s.get('item') or {}).get('instance') in ('', name)]
-        if mtimes and max(mtimes) > float(started):
+        name = unit[len('vllm@'):].removesuffix('.service')
+        changed = [mtimes[i['path']] for i in inputs or [] if i['instance'] in ('', name) and i['path'] in mtimes]
+        if changed and max(changed) > float(started):
             stale.append(name)
     return stale
 

@@ -173,15 +173,17 @@ def test_host_listeners_one_table_for_firewall_and_preflight():
 
 
 def test_vllm_stale_instances():
-    starts = [{"item": {"name": "p0"}, "stdout": "@1000"}, {"item": {"name": "p1"}, "stdout": "@3000"},
-              {"item": {"name": "p2"}, "stdout": ""}]
-    stats = [{"item": {"instance": "", "path": "/etc/systemd/system/vllm@.service"}, "stat": {"exists": True, "mtime": 500.0}},
-             {"item": {"instance": "p0", "path": "/etc/vllm/p0.env"}, "stat": {"exists": True, "mtime": 2000.0}},
-             {"item": {"instance": "p1", "path": "/etc/vllm/p1.env"}, "stat": {"exists": True, "mtime": 2500.0}},
-             {"item": {"instance": "p1", "path": "/etc/vllm/p1.mooncake.json"}, "stat": {"exists": False}}]
-    assert bf.vllm_stale_instances(starts, stats) == ["p0"]  # p1 started after its inputs; p2 is not running
-    stats[0]["stat"]["mtime"] = 4000.0  # the shared unit file changed after both started
-    assert bf.vllm_stale_instances(starts, stats) == ["p0", "p1"]
+    show = ("ExecMainStartTimestamp=@1000\nId=vllm@p0.service\n\n"
+            "Id=vllm@p1.service\nExecMainStartTimestamp=@3000\n\n"
+            "ExecMainStartTimestamp=\nId=vllm@p2.service\n")
+    inputs = [{"instance": "", "path": "/etc/systemd/system/vllm@.service"},
+              {"instance": "p0", "path": "/etc/vllm/p0.env"}, {"instance": "p1", "path": "/etc/vllm/p1.env"},
+              {"instance": "p1", "path": "/etc/vllm/p1.mooncake.json"}]  # missing: not in stat's output
+    stat = "500.0 /etc/systemd/system/vllm@.service\n2000 /etc/vllm/p0.env\n2500 /etc/vllm/p1.env\n"
+    assert bf.vllm_stale_instances(show, stat, inputs) == ["p0"]  # p1 started after its inputs; p2 is not running
+    stat = stat.replace("500.0 /etc/systemd", "4000.5 /etc/systemd")  # the shared unit file changed after both started
+    assert bf.vllm_stale_instances(show, stat, inputs) == ["p0", "p1"]
+    assert bf.vllm_stale_instances("", stat, inputs) == []
 
 
 def test_host_cfg_reads_role_defaults_under_the_inventory():
