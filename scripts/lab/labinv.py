@@ -15,6 +15,7 @@
 Plain YAML (no Ansible, no vault): the lab's vault holds only the router's API key.
 """
 import argparse
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -24,8 +25,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 
 
+@functools.lru_cache(maxsize=None)
 def _bundle_filter(repo):
-    """plugins/filter/bundle.py, whose role_defaults reads the roles' defaults for every other reader too."""
+    """plugins/filter/bundle.py, whose role_defaults reads the roles' defaults for every other reader too
+    (loaded once per repo: var() asks for it on every default it looks up)."""
     spec = importlib.util.spec_from_file_location("_labinv_bundle", Path(repo) / "plugins" / "filter" / "bundle.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_INVENTORY = REPO / 'molecule' / 'default' / 'inventory'
@@ -113,6 +114,18 @@ def host_ip(h):
     return v['common_host_ip']
 
 
+# The router's 0600 worker-key file, as the role defines it (one place: roles/vllm_router/vars/main.yml).
+ROUTER_KEY_FILE = yaml.safe_load((REPO / 'roles' / 'vllm_router' / 'vars' / 'main.yml').read_text())['_vllm_router_key_file']
+
+
+def run_as_root(h, cmd):
+    """Run cmd as root: directly when connected as root (the docker lab), else through sudo."""
+    if h.check_output('id -u') == '0':
+        return h.run(cmd)
+    with h.sudo():
+        return h.run(cmd)
+
+
 def read_root_file(h, path):
     """A root-only file: read directly when connected as root (the docker lab), else through sudo."""
     if h.check_output('id -u') == '0':
@@ -130,13 +143,8 @@ def router_auth_headers(h):
     """["Authorization: Bearer <key>"] from the router host's 0600 key file; [] only when the inventory
     sets no key AND no key file is deployed. A key the inventory sets but the host does not have (or
     that cannot be read, e.g. sudo refused) fails here, instead of silently sending no header."""
-    path = '/etc/vllm-router/api-key.env'
-    cmd = 'cat %s' % path
-    if h.check_output('id -u') == '0':
-        res = h.run(cmd)
-    else:
-        with h.sudo():
-            res = h.run(cmd)
+    path = ROUTER_KEY_FILE
+    res = run_as_root(h, 'cat %s' % path)
     if res.rc != 0:
         if not router_key_configured(hvars(h)) and 'No such file' in res.stderr:
             return []

@@ -1,7 +1,8 @@
 """Every unit the host should run is active, enabled, and listening where configured."""
 import pytest
 
-from conftest import deployed_kv_config, groups, hvars, in_group, listens_as_configured, tcp_listeners
+from conftest import (ROUTER_KEY_FILE, deployed_kv_config, groups, hvars, in_group, listens_as_configured,
+                      router_key_configured, run_as_root, tcp_listeners)
 
 
 def expected_units(host):
@@ -68,7 +69,7 @@ def test_master_election_watchdog(host):
 # scanner's own argv. Prints the PIDs whose command line holds the key.
 _CMDLINE_SCAN = r'''
 import os
-key = [l.split("=", 1)[1].strip() for l in open("/etc/vllm-router/api-key.env") if l.startswith("VLLM_ROUTER_API_KEY=")][0]
+key = [l.split("=", 1)[1].strip() for l in open(KEY_FILE) if l.startswith("VLLM_ROUTER_API_KEY=")][0]
 assert key
 hits = []
 for pid in os.listdir("/proc"):
@@ -86,13 +87,9 @@ print("\n".join(hits))
 def test_router_key_on_no_command_line(host):
     """The worker key lives in a 0600 env file; no live process's /proc/<pid>/cmdline holds it."""
     v = hvars(host)
-    if not in_group(host, 'vllm_router') or not str(v.get('vllm_router_api_key') or '').strip():
+    if not in_group(host, 'vllm_router') or not router_key_configured(v):
         pytest.skip('no router key on this host')
-    cmd = "python3 -c '%s'" % _CMDLINE_SCAN.replace("'", "'\"'\"'")
-    if host.check_output('id -u') == '0':
-        res = host.run(cmd)
-    else:
-        with host.sudo():
-            res = host.run(cmd)
+    scan = ('KEY_FILE = %r\n' % ROUTER_KEY_FILE) + _CMDLINE_SCAN
+    res = run_as_root(host, "python3 -c '%s'" % scan.replace("'", "'\"'\"'"))
     assert res.rc == 0, res.stderr[-500:]
     assert res.stdout.strip() == '', 'the router key is on a command line:\n' + res.stdout
