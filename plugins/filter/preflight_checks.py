@@ -33,6 +33,8 @@ def _sibling(name):
 
 _pf = _sibling('preflight')
 _bundle = _sibling('bundle')
+_managed = _sibling('managed')
+_rules = _sibling('target_rules')
 
 # vLLM's first CUDA 13 build on PyPI; from here on the engine wheel must be the cuda13 one (FACTS failure mode 1).
 VLLM_CUDA13_FROM = (0, 33)
@@ -730,6 +732,564 @@ def router_overrides(hostvars, groups, specs, host):
         if errors:
             out.append('On router %s: %s. Fix: correct the list, or set it to [] so the router gets every instance of the '
                        'vllm_prefill / vllm_decode hosts.' % (router, '; '.join(errors)))
+    return out
+
+
+# --- prefill/decode consistency (fleet): what KV shape and request length depend on ---------------------
+
+_JINJA_FILTERS = {'basename': os.path.basename, 'dirname': os.path.dirname}
+
+
+def _setting(cfg, var):
+    """cfg[var], else the role default rendered over cfg when it is a template of other settings with path
+    filters only (vllm_served_model_name: "{{ vllm_model | basename }}"), else None. Never a copy of a default."""
+    if var in cfg:
+        return cfg[var]
+    default = _bundle.role_defaults()[1].get(var)
+    if not isinstance(default, str) or '{' not in default:
+        return default
+    try:
+        import jinja2
+        from jinja2.sandbox import SandboxedEnvironment
+        env = SandboxedEnvironment(undefined=jinja2.StrictUndefined)
+        env.filters.update(_JINJA_FILTERS)
+        return env.from_string(default).render(**{k: v for k, v in cfg.items() if isinstance(k, str)})
+    except Exception:  # a default over facts or other filters: not known before the run
+        return None
+
+
+def _vllm_argv(cfg, inst):
+    """[(flag, value, source)] in the order vllm@NAME gets them: the managed flags (managed.VLLM_FLAGS) from
+    the settings, then vllm_extra_args, the instance's extra_args, then the managed tail flags."""
+    name = inst.get('name')
+    out = []
+    for entry in _managed.VLLM_FLAGS:
+        if 'env' not in entry:
+            continue
+        var = entry['vars']
+        if var.startswith('vllm_instances[].'):
+            key = var.split('.', 1)[1].split()[0]
+            if key == 'tensor_parallel_size':
+                try:
+                    value = _bundle.vllm_tp(inst)
+                except (TypeError, ValueError):
+                    value = inst.get(key)
+            else:
+                value = inst.get(key)
+            out.append((entry['flag'], value, 'vllm_instances[%s].%s' % (name, key)))
+        elif re.match(r'^[a-z_]+$', var):
+            out.append((entry['flag'], _setting(cfg, var), var))
+    for var, tokens in (('vllm_extra_args', cfg.get('vllm_extra_args')),
+                        ('vllm_instances[%s].extra_args' % name, inst.get('extra_args'))):
+        if _is_list(tokens):
+            out += [(flag, value, var) for flag, value, _ in _managed.parse_flags(tokens)]
+    for entry in _managed.VLLM_FLAGS:
+        if 'tail' in entry:
+            tail = _managed.vllm_serve_extra_args([], {entry['tail']: cfg.get(entry['tail'])})
+            if tail:
+                out.append((entry['flag'], tail[1], entry['tail']))
+    return out
+
+
+def _effective(argv, flag):
+    """(value, source) of flag as argparse keeps it (the last one), (None, None) when absent."""
+    hits = [(v, s) for f, v, s in argv if f == flag]
+    return hits[-1] if hits else (None, None)
+
+
+def _pd_instances(hostvars, groups):
+    """[(side, host, instance, argv)] of every prefill and decode instance that has settings."""
+    out = []
+    for side, group in (('prefill', 'vllm_prefill'), ('decode', 'vllm_decode')):
+        for h, cfg in _cfgs(hostvars, groups.get(group) or []):
+            out += [(side, h, inst, _vllm_argv(cfg, inst)) for _, inst in _instances(cfg)]
+    return out
+
+
+def _who(items, limit=4):
+    names = ['%s/%s' % (h, i.get('name')) for h, i in items]
+    return ', '.join(names[:limit]) + (' and %d more' % (len(names) - limit) if len(names) > limit else '')
+
+
+@check('pd_consistency', scope='fleet')
+def pd_engine_equal(hostvars, groups, specs, host):
+    """Every setting of target_rules.PD_EQUAL has one value on every prefill and decode instance."""
+    insts = _pd_instances(hostvars, groups)
+    out = []
+    for flag, why in _rules.PD_EQUAL.items():
+        by_value = {}
+        for side, h, inst, argv in insts:
+            value, source = _effective(argv, flag)
+            key = _rules.pd_value(flag, value)
+            by_value.setdefault(key, []).append((side, h, inst, value, source))
+        if len(by_value) < 2:
+            continue
+        parts, sources = [], []
+        for key, items in by_value.items():
+            srcs = sorted({s for *_, s in items if s})
+            sources += [s for s in srcs if s not in sources]
+            sides = sorted({i[0] for i in items})
+            shown = 'unset (vLLM\'s default)' if key is None else _j(items[0][3])
+            parts.append('%s on %s %s%s' % (shown, '/'.join(sides), _who([(i[1], i[2]) for i in items]),
+                                             ' (from %s)' % ', '.join(srcs) if srcs else ''))
+        managed = _managed.managed_flag(flag)
+        var = managed['vars'] if managed and 'appends' not in managed and re.match(r'^[a-z_]+$', managed['vars']) else None
+        if var:
+            fix = ('set %s once for every prefill and decode host (group_vars/all.yml) and remove the per-group, '
+                   'per-host and extra-args values' % var)
+        else:
+            fix = ('give %s one value for every prefill and decode instance: put it once in group_vars/all.yml '
+                   'vllm_extra_args and remove it from the per-group, per-host and per-instance extra_args' % flag)
+        out.append('Prefill and decode disagree on %s (checked on %s): %s. It must be equal: %s. Fix: %s.'
+                   % (flag, host, '; '.join(parts), why, fix))
+    return out
+
+
+@check('pd_consistency', scope='fleet')
+def pd_tp_layout(hostvars, groups, specs, host):
+    """Prefill and decode tensor parallelism: one a multiple of the other (target_rules.PD_TP_FLAG)."""
+    bad = {}
+    insts = _pd_instances(hostvars, groups)
+    for p in [i for i in insts if i[0] == 'prefill']:
+        for d in [i for i in insts if i[0] == 'decode']:
+            (tp_p, src_p), (tp_d, src_d) = _effective(p[3], _rules.PD_TP_FLAG), _effective(d[3], _rules.PD_TP_FLAG)
+            if not (_pf.is_intlike(tp_p) and _pf.is_intlike(tp_d)) or int(tp_p) < 1 or int(tp_d) < 1:
+                continue  # gpus_tp refuses it on the host
+            lo, hi = sorted((int(tp_p), int(tp_d)))
+            if hi % lo:
+                bad.setdefault((int(tp_p), int(tp_d)), []).append((p, d, src_p, src_d))
+    out = []
+    for (tp_p, tp_d), pairs in sorted(bad.items()):
+        p, d, src_p, src_d = pairs[0]
+        more = ' (and %d more pairs)' % (len(pairs) - 1) if len(pairs) > 1 else ''
+        out.append('Tensor parallelism of prefill %s/%s (%s=%d) and decode %s/%s (%s=%d) does not fit%s (checked on '
+                   '%s): decode reads each prefill rank\'s share of the KV heads, so one size must be a multiple of '
+                   'the other. Fix: use tensor_parallel_size (and gpus) such that %d and %d divide, e.g. %d on both '
+                   'sides, and drop any --tensor-parallel-size from the extra args.'
+                   % (p[1], p[2].get('name'), src_p, tp_p, d[1], d[2].get('name'), src_d, tp_d, more, host,
+                      tp_p, tp_d, tp_p))
+    return out
+
+
+# --- managed settings: the escape hatches must not repeat what the bundle sets ---------------------------
+
+def _extra_args_sources(cfg):
+    out = [('vllm_extra_args', cfg.get('vllm_extra_args'))]
+    return out + [('vllm_instances[%s].extra_args' % _iname(n, i), i.get('extra_args')) for n, i in _instances(cfg)]
+
+
+@check('managed')
+def managed_vllm_args(cfg, host, groups, specs):
+    """No extra argument repeats a flag of managed.VLLM_FLAGS (an appending flag adds and is allowed)."""
+    if not _roles(host, groups)['vllm']:
+        return []
+    out = []
+    for var, tokens in _extra_args_sources(cfg):
+        if not _is_list(tokens):
+            continue  # args_tokens / instances_optional_keys refuse it
+        for flag, _, idx in _managed.parse_flags(tokens):
+            entry = _managed.managed_flag(flag)
+            if entry is None or entry.get('appends'):
+                continue
+            out.append('%s on %s repeats %s (item %d: %s), a flag the bundle sets from %s; vLLM keeps the last one, '
+                       'so the router, firewall and status would describe an instance that no longer exists. Fix: '
+                       'remove %s from %s and set %s instead.'
+                       % (var, host, entry['flag'], idx, _j(tokens[idx]), entry['vars'], tokens[idx], var, entry['vars']))
+    return out
+
+
+@check('managed')
+def managed_vllm_env(cfg, host, groups, specs):
+    """No operator environment (mooncake_env, vllm_env, an instance's env) sets a variable of managed.VLLM_ENV."""
+    if not _roles(host, groups)['vllm']:
+        return []
+    sources = [('mooncake_env', cfg.get('mooncake_env')), ('vllm_env', cfg.get('vllm_env'))] + \
+        [('vllm_instances[%s].env' % _iname(n, i), i.get('env')) for n, i in _instances(cfg)]
+    out = []
+    for var, env in sources:
+        if not isinstance(env, dict):
+            continue
+        for key in sorted(k for k in env if k in _managed.VLLM_ENV):
+            out.append('%s on %s sets %s, which the bundle writes from %s; the last assignment in the env file wins, '
+                       'so the router, firewall and status would describe a setup that no longer exists. Fix: remove '
+                       '%s from %s and set %s instead.' % (var, host, key, _managed.VLLM_ENV[key], key, var,
+                                                          _managed.VLLM_ENV[key]))
+    return out
+
+
+@check('managed')
+def managed_store_config(cfg, host, groups, specs):
+    """vllm_mooncake_store_config sets no mooncake.json field the bundle writes (managed.MOONCAKE_JSON)."""
+    store = cfg.get('vllm_mooncake_store_config')
+    if not _roles(host, groups)['vllm'] or not isinstance(store, dict):
+        return []
+    return ['vllm_mooncake_store_config.%s on %s overrides a mooncake.json field the bundle writes from %s. Fix: remove '
+            '%s from vllm_mooncake_store_config and set %s instead.'
+            % (key, host, _managed.MOONCAKE_JSON[key], key, _managed.MOONCAKE_JSON[key])
+            for key in sorted(store) if key in _managed.MOONCAKE_JSON]
+
+
+def _router_flags():
+    """Every flag bundle_router_argv can emit (the router's command line is its own table)."""
+    cfg = {k: '1' for k in ('kv_connector', 'host', 'port', 'prefill_policy', 'decode_policy', 'prometheus_host',
+                            'prometheus_port', 'health_check_interval_secs', 'health_failure_threshold',
+                            'health_success_threshold')}
+    cfg.update(max_concurrent_requests=1, request_timeout_secs=1, extra_args=[])
+    argv = _bundle.router_argv(cfg, [{'url': 'u', 'bootstrap_port': 1}], ['u'])
+    return sorted({a for a in argv if a.startswith('--')})
+
+
+def _router_fix(cfg, flag):
+    var = 'vllm_router_' + flag[2:].replace('-', '_')
+    return 'set %s instead' % var if var in cfg else 'keep the bundle\'s value (it always sets %s)' % flag
+
+
+@check('managed')
+def managed_router_args(cfg, host, groups, specs):
+    """vllm_router_extra_args repeats no flag of the router's command line (bundle_router_argv)."""
+    tokens = cfg.get('vllm_router_extra_args')
+    if not _roles(host, groups)['router'] or not _is_list(tokens):
+        return []
+    managed = _router_flags()
+    out = []
+    for i, tok in enumerate(str(t) for t in tokens):
+        flag = tok.split('=', 1)[0]
+        if flag in managed:
+            workers = flag in ('--prefill', '--decode')
+            out.append('vllm_router_extra_args on %s repeats %s (item %d), a flag the bundle sets%s. Fix: remove it from '
+                       'vllm_router_extra_args and %s.'
+                       % (host, flag, i, ' (every instance of vllm_prefill / vllm_decode; an extra one is a worker the '
+                                          'firewall, status and rolling restarts do not know)' if workers else
+                          ' from the vllm_router_* settings',
+                          'add the instance to the inventory (or vllm_router_prefill_urls / _decode_urls)' if workers
+                          else _router_fix(cfg, flag)))
+    return out
+
+
+_RENDERER_CACHE = {}
+
+
+def _renderer_names(rel, pattern):
+    """The names a renderer writes, read from the renderer itself (the file that renders them is the table):
+    RE pattern's first group over REPO/rel."""
+    if rel not in _RENDERER_CACHE:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', rel)
+        with open(path) as fh:
+            _RENDERER_CACHE[rel] = sorted(set(re.findall(pattern, fh.read(), re.M)))
+    return _RENDERER_CACHE[rel]
+
+
+# The Mooncake master's flags: _mooncake_master_args of roles/mooncake_master/vars/main.yml ('--name=' ~ ...);
+# etcd's environment: the ETCD_* lines of templates/etcd/etcd.env.j2.
+MASTER_ARGS_RENDERER = ('roles/mooncake_master/vars/main.yml', r"'(--[a-z_]+)=")
+ETCD_ENV_RENDERER = ('templates/etcd/etcd.env.j2', r'^(ETCD_[A-Z0-9_]+)=')
+
+
+@check('managed')
+def managed_master_args(cfg, host, groups, specs):
+    """mooncake_master_extra_args repeats no flag of the master's command line (gflags keeps the last one)."""
+    tokens = cfg.get('mooncake_master_extra_args')
+    if not _roles(host, groups)['master'] or not _is_list(tokens):
+        return []
+    managed = _renderer_names(*MASTER_ARGS_RENDERER)
+    return ['mooncake_master_extra_args on %s repeats %s (item %d), a flag the bundle sets (%s); the master keeps the '
+            'last one, and the clients, firewall and status would use the bundle\'s. Fix: remove it from '
+            'mooncake_master_extra_args and set the matching mooncake_master_* variable.'
+            % (host, str(tok).split('=', 1)[0], i, MASTER_ARGS_RENDERER[0])
+            for i, tok in enumerate(tokens)
+            if str(tok).startswith('-') and '--' + str(tok).split('=', 1)[0].lstrip('-') in managed]  # gflags: -x = --x
+
+
+@check('managed')
+def managed_etcd_env(cfg, host, groups, specs):
+    """etcd_extra_env sets no ETCD_* variable the env file writes (the last assignment wins)."""
+    env = cfg.get('etcd_extra_env')
+    if not _roles(host, groups)['etcd'] or not isinstance(env, dict):
+        return []
+    managed = _renderer_names(*ETCD_ENV_RENDERER)
+    return ['etcd_extra_env on %s sets %s, which the bundle writes in /etc/etcd/etcd.env (%s); the last assignment wins, '
+            'and the peers, clients, firewall and status would use the bundle\'s value. Fix: remove %s from '
+            'etcd_extra_env and set the matching etcd_* variable.' % (host, key, ETCD_ENV_RENDERER[0], key)
+            for key in sorted(env) if key in managed]
+
+
+# --- values the services refuse or ignore (target_rules: vLLM, etcd, pip, systemd rules as data) ----------
+
+@check('values')
+def values_vllm_args(cfg, host, groups, specs):
+    """Flags of the extra args with a value vLLM refuses (target_rules.VLLM_FLAG_RULES), or without one."""
+    if not _roles(host, groups)['vllm']:
+        return []
+    out = []
+    for var, tokens in _extra_args_sources(cfg):
+        if not _is_list(tokens):
+            continue
+        for flag, value, idx in _managed.parse_flags(tokens):
+            rule = _rules.VLLM_FLAG_RULES.get(flag)
+            if rule is None:
+                continue
+            why = 'has no value' if value is None else _rules.refusal(rule, value)
+            if why:
+                out.append('%s on %s: %s%s %s (vLLM refuses it at start). Fix: %s.'
+                           % (var, host, flag, ' ' + _j(value) if value is not None else '', why,
+                              _rule_hint(flag, rule)))
+    return out
+
+
+def _spec_type(specs, var):
+    """A role setting's type, from its argument spec (the one place types live)."""
+    return _option(specs, var).get('type')
+
+
+def _rule_hint(name, rule, spec_type=None):
+    kind = rule.get('kind') or rule.get('type') or _rules._SPEC_TYPES.get(spec_type)
+    if kind == 'choices':
+        return 'give %s one of: %s' % (name, ', '.join(rule['choices']))
+    bounds = []
+    if rule.get('min') is not None:
+        bounds.append('%s %s' % ('above' if rule.get('min_open') else 'at least', rule['min']))
+    if rule.get('max') is not None:
+        bounds.append('at most %s' % rule['max'])
+    what = {'int': 'an integer', 'number': 'a number', 'human_int': 'an integer (32768, 32k or 32K)',
+            'abs_path': 'an absolute path', 'under': 'a directory below %s' % rule.get('prefix'),
+            'url': 'an http(s) URL or ""', 'location': 'an http(s)/file URL, an absolute path or ""',
+            'hub_or_path': 'an absolute path on the host or a hub id (org/name)',
+            'requirements': 'a list of pip requirements such as "name==1.2.3"'}.get(kind, 'a valid value')
+    return 'set %s to %s%s%s' % (name, what, ' ' if bounds else '', ' and '.join(bounds))
+
+
+@check('values')
+def values_settings(cfg, host, groups, specs):
+    """The role settings the services read, on the hosts that run them (target_rules.VAR_RULES)."""
+    r = _roles(host, groups)
+    out = []
+    for role, rules in _rules.VAR_RULES.items():
+        if role != 'all' and not r.get(role):
+            continue
+        for var, rule in rules.items():
+            if var not in cfg or (rule.get('type') == 'hub_or_path' and cfg[var] in ('', None)):
+                continue  # a templated role default (the bundle's own), or what another check refuses (model_set)
+            value = cfg[var]
+            why = _rules.refusal(rule, value, _spec_type(specs, var))
+            if why:
+                out.append('%s=%s on %s %s (%s). Fix: %s.' % (var, _j(value), host, why, rule.get('why', ''),
+                                                               _rule_hint(var, rule, _spec_type(specs, var))))
+    return out
+
+
+@check('values')
+def values_etcd_timing(cfg, host, groups, specs):
+    """etcd's election timeout at least ETCD_ELECTION_PER_HEARTBEAT heartbeats (etcd refuses to start)."""
+    if not _roles(host, groups)['etcd']:
+        return []
+    hb, el = _pf.is_intlike(cfg.get('etcd_heartbeat_interval')), _pf.is_intlike(cfg.get('etcd_election_timeout'))
+    if not (hb and el):
+        return []  # values_settings refuses them
+    hb, el, n = int(cfg['etcd_heartbeat_interval']), int(cfg['etcd_election_timeout']), _rules.ETCD_ELECTION_PER_HEARTBEAT
+    if el >= n * hb:
+        return []
+    return ['etcd_election_timeout=%d on %s is below %d x etcd_heartbeat_interval=%d: etcd refuses to start '
+            '("--election-timeout should be at least as %d times as --heartbeat-interval"). Fix: raise '
+            'etcd_election_timeout to at least %d, or lower etcd_heartbeat_interval.' % (el, host, n, hb, n, n * hb)]
+
+
+@check('values')
+def values_systemd(cfg, host, groups, specs):
+    """Values that reach a unit file, where systemd would log "ignoring" or refuse the unit
+    (target_rules.SYSTEMD_RULES; playbooks/render.yml's verify step runs systemd-analyze on every unit)."""
+    r = _roles(host, groups)
+    out = []
+    for var, rule in _rules.SYSTEMD_RULES.items():
+        if not r.get(rule['role']) or var not in cfg:
+            continue
+        why = _rules.refusal(rule, cfg[var], _spec_type(specs, var))
+        if why:
+            out.append('%s=%s on %s %s: the unit gets %s, which systemd ignores or refuses (%s). Fix: %s.'
+                       % (var, _j(cfg[var]), host, why, rule['unit_line'] % cfg[var], rule['why'],
+                          _rule_hint(var, rule, _spec_type(specs, var))))
+    return out
+
+
+@check('values')
+def values_gid_index(cfg, host, groups, specs):
+    """An instance's gid_index: an entry of the port's GID table, 0-255 (ibv_query_gid; MC_GID_INDEX)."""
+    if not _roles(host, groups)['vllm']:
+        return []
+    return ['vllm_instances[%s].gid_index=%s on %s is outside the port\'s GID table (0-255). Fix: the index that '
+            'show_gids lists for the NIC\'s RoCE v2 address, or omit gid_index (the rdma role selects it).'
+            % (_iname(n, i), _j(i['gid_index']), host)
+            for n, i in _instances(cfg)
+            if i.get('gid_index') is not None and _pf.is_intlike(i['gid_index']) and not 0 <= int(i['gid_index']) <= 255]
+
+
+# --- unit sandboxes: paths the hardened units hide or make read-only ----------------------------------------
+
+_SANDBOX_CACHE = {}
+
+
+def sandbox_directives(macro=None):
+    """{directive: value} of ProtectSystem/ProtectHome/PrivateTmp in the sandbox macro every unit imports
+    (templates/common/hardening.j2; unconditional lines: every unit gets them)."""
+    macro = macro or os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'templates', 'common',
+                                  'hardening.j2')
+    if macro not in _SANDBOX_CACHE:
+        with open(macro) as fh:
+            text = fh.read()
+        _SANDBOX_CACHE[macro] = dict(re.findall(r'^(ProtectSystem|ProtectHome|PrivateTmp)=(\S+)$', text, re.M))
+    return _SANDBOX_CACHE[macro]
+
+
+def _sandbox(directives=None):
+    """{'hidden': [...], 'private': [...], 'read_only': [...]} of the macro's directives."""
+    out = {'hidden': [], 'private': [], 'read_only': []}
+    for key, value in (directives or sandbox_directives()).items():
+        for kind, paths in _rules.SANDBOX_EFFECTS.get((key, value), {}).items():
+            out[kind] += paths
+    return out
+
+
+def _unit_paths(cfg, unit):
+    """(writable paths, [(var, path, need)]) of a unit on a host: need is read or write."""
+    spec = _rules.UNIT_PATHS[unit]
+    writable = [str(_setting(cfg, w)) if not w.startswith('/') else w for w in spec['writable']]
+    model = _setting(cfg, 'vllm_model')
+    hub = isinstance(model, str) and bool(model) and not model.startswith('/')
+    wanted = dict([(v, 'read') for v in spec['read']] + [(v, 'write') for v in spec['write']]
+                  + [(v, 'write') for v in spec['write_if_hub'] if hub])
+    paths = []
+    for var, need in wanted.items():
+        value = _setting(cfg, var)
+        if isinstance(value, str) and value.startswith('/'):
+            paths.append((var, value, need))
+    return [w for w in writable if w.startswith('/')], paths
+
+
+def _sandbox_findings(cfg, host, groups):
+    """[(unit, var, path, kind, where)] of every path a unit of the host cannot use as it needs."""
+    r, box = _roles(host, groups), _sandbox()
+    out = []
+    for unit, spec in _rules.UNIT_PATHS.items():
+        if not r.get(spec['role']):
+            continue
+        writable, paths = _unit_paths(cfg, unit)
+        for var, path, need in paths:
+            hit = next((('hidden', p) for p in box['hidden'] if _rules.under(path, p)), None) or \
+                next((('private', p) for p in box['private'] if _rules.under(path, p)), None)
+            if hit is None and need == 'write' and any(_rules.under(path, p) for p in box['read_only']) \
+                    and not any(_rules.under(path, w) for w in writable + _rules.SANDBOX_API_FS):
+                hit = ('read_only', next(p for p in box['read_only'] if _rules.under(path, p)))
+            if hit:
+                out.append((unit, var, path, hit[0], hit[1], writable))
+    return out
+
+
+_SANDBOX_WHY = {
+    'hidden': 'which the unit\'s sandbox hides (%s: the service does not see %s at all)',
+    'private': 'inside the unit\'s private %s (%s: the service sees an empty directory of its own, removed at stop)',
+    'read_only': 'read-only for the unit (%s makes %s read-only outside the unit\'s writable paths)',
+}
+
+
+def _sandbox_directive_of(kind, prefix):
+    for (key, value), effects in _rules.SANDBOX_EFFECTS.items():
+        if sandbox_directives().get(key) == value and prefix in effects.get(kind, []):
+            return '%s=%s' % (key, value)
+    return 'the sandbox'
+
+
+@check('sandbox')
+def sandbox_hidden(cfg, host, groups, specs):
+    """A model path, HF home or data dir that the unit's sandbox hides or replaces (ProtectHome, PrivateTmp)."""
+    return ['%s=%s on %s is under %s, %s: %s %s. Fix: move it out of %s, e.g. below /srv or /var/lib.'
+            % (var, _j(path), host, prefix, _SANDBOX_WHY[kind] % ((prefix, _sandbox_directive_of(kind, prefix))
+                                                                  if kind == 'private' else
+                                                                  (_sandbox_directive_of(kind, prefix), prefix)),
+               unit, 'fails at start' if kind == 'hidden' else 'never sees what the host has there, and what it '
+                                                               'writes there is lost at every stop', prefix)
+            for unit, var, path, kind, prefix, _ in _sandbox_findings(cfg, host, groups) if kind != 'read_only']
+
+
+@check('sandbox')
+def sandbox_read_only(cfg, host, groups, specs):
+    """A path a unit writes (HF home for a hub model, data dir) outside the unit's writable paths."""
+    return ['%s=%s on %s is %s; %s writes there. Fix: put it below %s.'
+            % (var, _j(path), host, _SANDBOX_WHY[kind] % (_sandbox_directive_of(kind, prefix), prefix), unit,
+               ' or '.join(writable) or 'a writable path of the unit')
+            for unit, var, path, kind, prefix, writable in _sandbox_findings(cfg, host, groups) if kind == 'read_only']
+
+
+# --- addresses: every cluster member at a distinct, usable address ---------------------------------------------
+
+_BUNDLE_GROUPS = ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router')
+
+
+def _address(hostvars, h):
+    """(address, the variable it came from) as bundle_host_ip takes it."""
+    hv = hostvars[h]
+    for key in ('common_host_ip', 'ansible_host'):
+        if hv.get(key):
+            return str(hv[key]), key
+    return str(h), 'the inventory name (no common_host_ip or ansible_host)'
+
+
+def _unusable(ip):
+    """Why ip cannot be a cluster member's address, None when it can."""
+    import ipaddress
+    try:
+        addr = ipaddress.ip_address(str(ip).strip('[]'))
+    except ValueError:
+        return 'is not an IP address (a name can resolve to 127.0.1.1 or the wrong interface: FACTS failure mode 6)'
+    if addr.is_unspecified:
+        return 'is the unspecified address (bind-any, not an address peers can reach)'
+    if addr.is_loopback:
+        return 'is a loopback address (the other hosts cannot reach it)'
+    if addr.is_multicast:
+        return 'is a multicast address'
+    if addr.is_link_local:
+        return 'is link-local (valid on one link only, and IPv6 needs a scope the URLs cannot carry)'
+    return None
+
+
+@check('addresses', scope='fleet')
+def addresses_usable(hostvars, groups, specs, host):
+    """Every bundle host's cluster address (bundle_host_ip) is an IP the others can reach."""
+    hosts = sorted({h for g in _BUNDLE_GROUPS for h in groups.get(g) or []})
+    out = []
+    for h, _ in _cfgs(hostvars, hosts):
+        ip, source = _address(hostvars, h)
+        why = _unusable(ip)
+        if why:
+            out.append('%s has no usable cluster address (checked on %s): %s=%s %s; it becomes VLLM_HOST_IP, Mooncake\'s '
+                       'local_hostname, the etcd peer URLs and the router\'s worker URLs. Fix: set common_host_ip for %s '
+                       'to its cluster-facing IP.' % (h, host, source, _j(ip), why, h))
+    return out
+
+
+@check('addresses', scope='fleet')
+def addresses_distinct(hostvars, groups, specs, host):
+    """No two bundle hosts, and no instance host_ip of another host, at the same address."""
+    hosts = sorted({h for g in _BUNDLE_GROUPS for h in groups.get(g) or []})
+    owners = {}
+    for h, _ in _cfgs(hostvars, hosts):
+        ip, source = _address(hostvars, h)
+        if _unusable(ip) is None:
+            owners.setdefault(str(ip), []).append('%s (%s)' % (h, source))
+    out = ['Hosts %s share the address %s (checked on %s): members of one cluster must be reachable at distinct '
+           'addresses (etcd peers, KV transfer endpoints, the router\'s workers). Fix: give each host its own '
+           'common_host_ip (or ansible_host).' % (' and '.join(who), ip, host)
+           for ip, who in sorted(owners.items()) if len(who) > 1]
+    by_ip = {ip: [w.split(' ')[0] for w in who] for ip, who in owners.items()}
+    for h, cfg in _cfgs(hostvars, _vllm_hosts(groups)):
+        for idx, inst in _instances(cfg):
+            ip = inst.get('host_ip')
+            if not ip or not _pf.is_ip(ip):
+                continue  # instances_optional_keys refuses a malformed one
+            others = [o for o in by_ip.get(str(ip), []) if o != h]
+            why = _unusable(ip)
+            if others or why:
+                out.append('vllm_instances[%s].host_ip=%s on %s %s (checked on %s). Fix: set host_ip to an address of '
+                           '%s itself (or omit it: the host\'s common_host_ip).'
+                           % (_iname(idx, inst), _j(ip), h, why or 'is the address of %s' % ' and '.join(others), host, h))
     return out
 
 

@@ -2,6 +2,8 @@
 
 Each case in cases.yml is inventory/prod with ONE mutation. render.yml must exit non-zero, name the variable
 (and the host) in a preflight task's failure, and leave render_dir empty.
+Each case in legal.yml is a legal variation of inventory/prod (one per class of refusal): preflight passes it
+and its vLLM files render (render.yml --tags preflight,vllm), with the text it expects.
 """
 import json
 import os
@@ -18,6 +20,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 PROD = REPO / 'inventory' / 'prod'
 CASES = yaml.safe_load((Path(__file__).with_name('cases.yml')).read_text())
+LEGAL = yaml.safe_load((Path(__file__).with_name('legal.yml')).read_text())
 DELETE = '__delete__'
 
 
@@ -54,13 +57,14 @@ def apply_patch(inv, patch):
         path.write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
 
 
-def run_render(inv, render_dir):
+def run_render(inv, render_dir, tags=None):
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
                ANSIBLE_STDOUT_CALLBACK='ansible.builtin.json',
                ANSIBLE_DEPRECATION_WARNINGS='0',
                # the copied inventory/prod keeps its example vault (the router API key): TEST-ONLY password
                ANSIBLE_VAULT_PASSWORD_FILE=str(REPO / 'tests' / 'fixtures' / 'vault-pass-TEST-ONLY'))
     cmd = [_ansible_playbook(), 'playbooks/render.yml', '-i', str(inv), '-e', 'render_dir=%s' % render_dir]
+    cmd += ['--tags', tags] if tags else []
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -89,32 +93,33 @@ def rendered_files(render_dir):
     return [p for p in Path(render_dir).rglob('*') if p.is_file()] if Path(render_dir).exists() else []
 
 
-def _run_case(case, base):
+def _run_case(case, base, tags=None):
     inv = base / 'inventory'
     shutil.copytree(PROD, inv)
     apply_patch(inv, case['patch'])
     render_dir = base / 'render'
-    res = run_render(inv, render_dir)
+    res = run_render(inv, render_dir, tags)
     (base / 'ansible-output.json').write_text(res.stdout)  # kept by pytest's tmp dirs for reading later
     return res, render_dir
 
 
 @pytest.fixture(scope='module')
-def refusals(request, tmp_path_factory):
-    """The render run of every selected case (-k works), PREFLIGHT_JOBS at a time (default: 2 per CPU)."""
-    wanted = {item.callspec.params['case']['id'] for item in request.session.items
-              if hasattr(item, 'callspec') and 'case' in item.callspec.params}
-    cases = [c for c in CASES if c['id'] in wanted]
+def runs(request, tmp_path_factory):
+    """The render run of every selected case, refused and legal (-k works), PREFLIGHT_JOBS at a time (default:
+    2 per CPU); the legal ones (full vLLM renders, the slowest) first."""
+    wanted = {item.callspec.params[k]['id'] for item in request.session.items if hasattr(item, 'callspec')
+              for k in ('case', 'legal') if k in item.callspec.params}
+    todo = [(c, 'preflight,vllm') for c in LEGAL if c['id'] in wanted] + [(c, None) for c in CASES if c['id'] in wanted]
     jobs = int(os.environ.get('PREFLIGHT_JOBS', 2 * (os.cpu_count() or 1)))
-    bases = {c['id']: tmp_path_factory.mktemp(c['id']) for c in cases}
+    bases = {c['id']: tmp_path_factory.mktemp(c['id']) for c, _ in todo}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futs = {c['id']: pool.submit(_run_case, c, bases[c['id']]) for c in cases}
+        futs = {c['id']: pool.submit(_run_case, c, bases[c['id']], tags) for c, tags in todo}
         return {cid: fut.result() for cid, fut in futs.items()}
 
 
 @pytest.mark.parametrize('case', CASES, ids=[c['id'] for c in CASES])
-def test_preflight_refuses(case, refusals):
-    res, render_dir = refusals[case['id']]
+def test_preflight_refuses(case, runs):
+    res, render_dir = runs[case['id']]
     assert res.returncode != 0, 'preflight accepted the mutation %s' % case['patch']
     fails = failures(res.stdout)
     report = '\n'.join('[%s] %s: %s' % f for f in fails) or (res.stdout[-3000:] + res.stderr[-3000:])
@@ -126,9 +131,26 @@ def test_preflight_refuses(case, refusals):
     assert not rendered_files(render_dir), 'files were rendered before the refusal'
 
 
+@pytest.mark.parametrize('legal', LEGAL, ids=[c['id'] for c in LEGAL])
+def test_legal_variation_renders(legal, runs):
+    res, render_dir = runs[legal['id']]
+    try:
+        fails = failures(res.stdout)
+    except ValueError:  # no json document: the tail of the output says why
+        fails = []
+    assert res.returncode == 0, '\n'.join('[%s] %s: %s' % f for f in fails) or res.stdout[-3000:] + res.stderr[-3000:]
+    for rel, texts in legal['expect_files'].items():
+        path = Path(render_dir) / rel
+        assert path.is_file(), '%s was not rendered' % rel
+        body = path.read_text()
+        for text in texts:
+            assert text in body, 'missing %r in %s:\n%s' % (text, rel, body)
+
+
 def test_cases_are_distinct():
     ids = [c['id'] for c in CASES]
     assert len(ids) == len(set(ids)) and len(ids) >= 30
+    assert not set(ids) & {c['id'] for c in LEGAL}
     patches = [json.dumps(c['patch'], sort_keys=True) for c in CASES]
     assert len(patches) == len(set(patches))
 

@@ -306,3 +306,46 @@ def test_no_secret_on_any_command_line(prod_render, inventory):
         assert not leaked, f'{unit.relative_to(prod_render)}: a vault secret is on the command line: {command_line(argv)[:200]}'
     holders = [p for p in prod_render.rglob('*') if p.is_file() and any(s in p.read_text(errors='ignore') for s in secrets)]
     assert holders and all(p.name.endswith('.env') for p in holders), holders
+
+
+def _managed_table():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('managed', REPO / 'plugins' / 'filter' / 'managed.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_rendered_vllm_command_and_env_are_the_managed_table(prod_render, inventory):
+    """What the bundle writes for a vLLM instance is what plugins/filter/managed.py lists (preflight refuses an
+    override of exactly these): every env key (inventory/prod sets no extra env), and every flag before the
+    extra args; each managed flag is on the command line with the bundle's value last."""
+    mg = _managed_table()
+    groups, hv = inventory
+    for group in ('vllm_prefill', 'vllm_decode'):
+        for host, inst in instances(inventory, group):
+            env = parse_env_file(prod_render / host / 'etc/vllm' / ('%s.env' % inst['name']))
+            assert set(env) <= set(mg.VLLM_ENV), set(env) - set(mg.VLLM_ENV)
+            argv = expand_exec(unit_exec_start(prod_render / host / 'etc/systemd/system/vllm@.service'), env)
+            extra = [str(a) for a in hv[host].get('vllm_extra_args', [])] + [str(a) for a in inst.get('extra_args', [])]
+            head = argv[3:len(argv) - len(env['SERVE_EXTRA_ARGS'].split())]
+            assert {a for a in head if a.startswith('--')} == {e['flag'] for e in mg.VLLM_FLAGS if 'tail' not in e}
+            tail = env['SERVE_EXTRA_ARGS'].split()
+            assert tail[:len(extra)] == extra
+            assert {a for a in tail[len(extra):] if a.startswith('--')} <= {e['flag'] for e in mg.VLLM_FLAGS if 'tail' in e}
+
+
+def test_render_mode_refuses_what_systemd_ignores(tmp_path):
+    """Render mode runs systemd-analyze verify on every unit it writes: with preflight's value rules skipped,
+    a state directory outside /var/lib renders StateDirectory=/srv/vllm, which systemd ignores; the render
+    fails on that line and keeps no such unit."""
+    out = tmp_path / 'render'
+    cmd = [ansible_bin('ansible-playbook'), 'playbooks/render.yml', '-i', str(REPO / 'inventory' / 'prod'),
+           '-e', 'render_dir=%s' % out, '-e', json.dumps({'preflight_skip': ['values'], 'vllm_state_dir': '/srv/vllm'}),
+           '--tags', 'preflight,vllm', '--limit', 'gpu-d1']
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
+               ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASS_TEST_ONLY))
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0
+    assert 'StateDirectory= path is absolute, ignoring: /srv/vllm' in res.stdout + res.stderr
+    assert not list(out.glob('*/etc/systemd/system/vllm@.service'))

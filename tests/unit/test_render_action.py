@@ -21,3 +21,19 @@ def test_render_mode_writes_under_the_render_root(tmp_path):
     assert (tmp_path / 'gpu-p1' / 'etc' / 'vllm').is_dir()
     assert not {'owner', 'group', 'validate'} & set(got) and got['mode'] == '0640'
     assert ARGS['dest'] == '/etc/vllm/p0.env'  # the task's own args are not changed in place
+
+
+def test_unit_name_is_the_validators():
+    assert bt.unit_name('sh -c ... _ %s vllm@verify.service', '/r/h/etc/systemd/system/vllm@.service') == 'vllm@verify.service'
+    assert bt.unit_name('', '/r/h/etc/systemd/system/etcd.service') == 'etcd.service'
+
+
+def test_systemd_ignoring_lines_are_refusals(tmp_path):
+    """Render mode's verify: every "ignoring" of systemd-analyze verify, nothing for a clean unit."""
+    unit = tmp_path / 'x.service'
+    unit.write_text('[Service]\nExecStart=/bin/true\nRestartSec=10mins\nStateDirectory=/srv/x\n')
+    lines = bt.systemd_ignoring(str(unit), 'x.service')
+    assert lines is not None, 'systemd-analyze not installed: run scripts/install-deps.sh'
+    assert len(lines) == 2 and all('ignoring' in line for line in lines) and str(tmp_path) not in ' '.join(lines)
+    unit.write_text('[Service]\nExecStart=/bin/true\nRestartSec=10s\nStateDirectory=x\n')
+    assert bt.systemd_ignoring(str(unit), 'x.service') == []
