@@ -1293,6 +1293,26 @@ def addresses_distinct(hostvars, groups, specs, host):
     return out
 
 
+@check('router', scope='fleet')
+def router_api_keys(hostvars, groups, specs, host):
+    """Every router has the same vllm_router_api_key: the vLLM instances demand one key (VLLM_API_KEY, roles/vllm),
+    the routers' (each sends its own to the workers). The keys are compared, never shown."""
+    by_key = {}
+    for router, rc in _cfgs(hostvars, groups.get('vllm_router') or []):
+        by_key.setdefault(str(rc.get('vllm_router_api_key') or ''), []).append(router)
+    if len(by_key) < 2:
+        return []
+    parts, n = [], 0
+    for key, routers in sorted(by_key.items(), key=lambda kv: sorted(kv[1])):
+        if key:
+            n += 1
+        parts.append('%s: %s' % (', '.join(sorted(routers)), ('key #%d' % n) if key else 'no key'))
+    return ['vllm_router_api_key differs between the routers (checked on %s): %s (values not shown). Every vLLM instance '
+            'demands one key on /v1/* (VLLM_API_KEY, the routers\' key), so a router with another key, or none, gets '
+            '401 from every instance. Fix: set vllm_router_api_key once for the group (group_vars/vllm_router/main.yml, '
+            'from Ansible Vault) and remove the per-host values.' % (host, '; '.join(parts))]
+
+
 # --- runners ------------------------------------------------------------------------------------------
 
 def _run(checks, args, where):

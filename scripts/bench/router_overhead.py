@@ -99,6 +99,11 @@ def pd_bodies(request, transfer_id, bootstrap_addr, engine_id):
     return prefill, decode
 
 
+def auth_headers(api_key):
+    """The Authorization header for the router and the vLLM instances ({} without a key)."""
+    return {"Authorization": "Bearer " + api_key} if api_key else {}
+
+
 def metric_sum(text, name, labels):
     """Sum of a Prometheus counter's samples whose labels include `labels`."""
     total = 0.0
@@ -168,7 +173,8 @@ class Bench:
             self.prefills.append((url, bootstrap, engine_id_from_query(doc)))
         self.decodes = [d.rstrip("/") for d in args.decode]
         self.next = 0
-        self.router_headers = {"Authorization": "Bearer " + args.api_key} if args.api_key else {}
+        # The routers' key: the router gets it, and so does every vLLM instance, which demands it on /v1/*.
+        self.auth = auth_headers(args.api_key)
 
     def request(self):
         return {"model": self.args.model, "prompt": make_prompt(uuid.uuid4().hex, self.args.prompt_words),
@@ -178,7 +184,7 @@ class Bench:
         req = self.request()
         t0 = time.perf_counter()
         out = json.loads(self.http.request("POST", self.args.router.rstrip("/") + "/v1/completions", req,
-                                           self.router_headers))
+                                           self.auth))
         return time.perf_counter() - t0, out
 
     def direct(self):
@@ -186,7 +192,7 @@ class Bench:
         d_url = self.decodes[self.next % len(self.decodes)]
         self.next += 1
         xfer = "xfer-%s" % uuid.uuid4()
-        headers = {"X-Request-Id": "direct-%s" % uuid.uuid4().hex}
+        headers = {"X-Request-Id": "direct-%s" % uuid.uuid4().hex, **self.auth}
         p_body, d_body = pd_bodies(self.request(), xfer, bootstrap, engine_id)
         t0 = time.perf_counter()
         p_fut = self.pool.submit(self.http.request, "POST", p_url + "/v1/completions", p_body, headers)
@@ -252,7 +258,7 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=120, help="seconds per HTTP request")
     ap.add_argument("--api-key", default=os.environ.get("ROUTER_API_KEY", ""),
-                    help="router API key (default: $ROUTER_API_KEY)")
+                    help="the routers' API key, which the vLLM instances demand too (default: $ROUTER_API_KEY)")
     args = ap.parse_args(argv)
     result = run(args)
     print(json.dumps(result))

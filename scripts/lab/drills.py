@@ -63,10 +63,20 @@ def sh(host, *cmd, check=True, timeout=180):
     return res
 
 
-def http_get(host, url, timeout=3):
-    """GET a URL from inside a container (cluster ports are firewalled from this controller)."""
-    code = ("import sys,urllib.request\n"
-            f"r=urllib.request.urlopen({url!r},timeout={timeout})\n"
+# The key every vLLM instance demands on /v1/* (roles/vllm): read on the instance's own host, as root.
+INSTANCE_KEY_FILE = "/etc/vllm/api-key.env"
+
+
+def http_get(host, url, timeout=3, key_file=None):
+    """GET a URL from inside a container (cluster ports are firewalled from this controller). With key_file,
+    the VLLM_API_KEY that file holds on that host goes as the Bearer token; no key file there, no header.
+    The key is read in the container: it is on no command line."""
+    code = ("import os,sys,urllib.request\n"
+            f"f,h={key_file!r},{{}}\n"
+            "if f and os.path.exists(f):\n"
+            "    k=[l.split('=',1)[1].strip() for l in open(f) if l.startswith('VLLM_API_KEY=')]\n"
+            "    h={'Authorization':'Bearer '+k[0]} if k and k[0] else {}\n"
+            f"r=urllib.request.urlopen(urllib.request.Request({url!r},headers=h),timeout={timeout})\n"
             "sys.stdout.write(r.read().decode())")
     res = sh(host, "python3", "-c", code, check=False, timeout=timeout + 10)
     return res.stdout if res.returncode == 0 else None
@@ -128,7 +138,7 @@ class Lab:
         return now["ActiveState"] == "active" and now["MainPID"] not in ("0", before["MainPID"])
 
     def vllm_serving(self, host, port):
-        out = http_get(host, f"http://127.0.0.1:{port}/v1/models")
+        out = http_get(host, f"http://127.0.0.1:{port}/v1/models", key_file=INSTANCE_KEY_FILE)
         return out is not None and self.model in out
 
     def master_roles(self):

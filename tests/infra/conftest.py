@@ -114,8 +114,9 @@ def host_ip(h):
     return v['common_host_ip']
 
 
-# The router's 0600 worker-key file, as the role defines it (one place: roles/vllm_router/vars/main.yml).
+# The 0600 key files, as the roles define them (one place each: roles/<role>/vars/main.yml).
 ROUTER_KEY_FILE = yaml.safe_load((REPO / 'roles' / 'vllm_router' / 'vars' / 'main.yml').read_text())['_vllm_router_key_file']
+INSTANCE_KEY_FILE = yaml.safe_load((REPO / 'roles' / 'vllm' / 'vars' / 'main.yml').read_text())['_vllm_api_key_file']
 
 
 def run_as_root(h, cmd):
@@ -139,24 +140,42 @@ def router_key_configured(v):
     return str(v.get('vllm_router_api_key') or '').strip() != ''
 
 
-def router_auth_headers(h):
-    """["Authorization: Bearer <key>"] from the router host's 0600 key file; [] only when the inventory
-    sets no key AND no key file is deployed. A key the inventory sets but the host does not have (or
-    that cannot be read, e.g. sudo refused) fails here, instead of silently sending no header."""
-    path = ROUTER_KEY_FILE
+def _key_file_headers(h, path, var, configured, what):
+    """["Authorization: Bearer <key>"] from VAR= in the 0600 key file PATH on h; [] only when the inventory
+    sets no key (configured false) AND no key file is deployed. A key the inventory sets but the host does not
+    have (or that cannot be read, e.g. sudo refused) fails here, instead of silently sending no header."""
     res = run_as_root(h, 'cat %s' % path)
     if res.rc != 0:
-        if not router_key_configured(hvars(h)) and 'No such file' in res.stderr:
+        if not configured and 'No such file' in res.stderr:
             return []
-        raise AssertionError('vllm_router_api_key is %s in the inventory, but %s on %s cannot be read (rc=%d): %s'
-                             % ('set' if router_key_configured(hvars(h)) else 'not set', path,
+        raise AssertionError('%s is %s in the inventory, but %s on %s cannot be read (rc=%d): %s'
+                             % (what, 'set' if configured else 'not set', path,
                                 hvars(h)['inventory_hostname'], res.rc, res.stderr.strip()[:300]))
     for line in res.stdout.splitlines():
-        if line.startswith('VLLM_ROUTER_API_KEY='):
+        if line.startswith(var + '='):
             key = line.split('=', 1)[1].strip()
-            assert key, 'VLLM_ROUTER_API_KEY is empty in %s' % path
+            assert key, '%s is empty in %s' % (var, path)
             return ['Authorization: Bearer %s' % key]
-    raise AssertionError('no VLLM_ROUTER_API_KEY in %s' % path)
+    raise AssertionError('no %s in %s' % (var, path))
+
+
+def router_auth_headers(h):
+    """The router's key (VLLM_ROUTER_API_KEY of its key file) as the header a client holding it sends."""
+    return _key_file_headers(h, ROUTER_KEY_FILE, 'VLLM_ROUTER_API_KEY', router_key_configured(hvars(h)),
+                             'vllm_router_api_key')
+
+
+def instance_key_configured(request, h):
+    """Whether the vLLM instances must demand a key: a router of the inventory has vllm_router_api_key (the
+    instances demand the routers' key, roles/vllm)."""
+    return any(router_key_configured(hvars(other_host(request, r))) for r in groups(h).get('vllm_router', []))
+
+
+def instance_auth_headers(h, configured):
+    """The key an instance host's vLLM instances demand (VLLM_API_KEY of its key file) as the header a direct
+    caller sends; configured: instance_key_configured."""
+    return _key_file_headers(h, INSTANCE_KEY_FILE, 'VLLM_API_KEY', configured,
+                             'vllm_router_api_key (the instances demand the routers\' key)')
 
 
 def parse_ss_listeners(out):

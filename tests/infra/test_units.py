@@ -1,7 +1,10 @@
 """Every unit the host should run is active, enabled, and listening where configured."""
+import shlex
+
 import pytest
 
-from conftest import (ROUTER_KEY_FILE, deployed_kv_config, groups, hvars, in_group, listens_as_configured,
+from conftest import (INSTANCE_KEY_FILE, ROUTER_KEY_FILE, deployed_kv_config, groups, hvars, in_group,
+                      instance_auth_headers, instance_key_configured, listens_as_configured,
                       router_key_configured, run_as_root, tcp_listeners)
 
 
@@ -65,11 +68,12 @@ def test_master_election_watchdog(host):
     assert host.file('/opt/mooncake/bin/mooncake-master-watchdog').mode == 0o755
 
 
-# Runs on the router host as root; reads the key from the 0600 file itself, so the key is never on the
-# scanner's own argv. Prints the PIDs whose command line holds the key.
+# Runs on the host as root; reads the key (VAR= of the 0600 file PATH, argv[1:3]) from the file itself, so the
+# key is never on the scanner's own argv. Prints the PIDs whose command line holds the key.
 _CMDLINE_SCAN = r'''
-import os
-key = [l.split("=", 1)[1].strip() for l in open(KEY_FILE) if l.startswith("VLLM_ROUTER_API_KEY=")][0]
+import os, sys
+path, var = sys.argv[1], sys.argv[2]
+key = [l.split("=", 1)[1].strip() for l in open(path) if l.startswith(var + "=")][0]
 assert key
 hits = []
 for pid in os.listdir("/proc"):
@@ -84,12 +88,51 @@ print("\n".join(hits))
 '''
 
 
+def key_on_command_lines(host, path, var):
+    """'PID: command line' of every live process whose argv holds the key VAR of PATH on host ('' = none)."""
+    res = run_as_root(host, "python3 -c '%s' %s %s" % (_CMDLINE_SCAN.replace("'", "'\"'\"'"), path, var))
+    assert res.rc == 0, res.stderr[-500:]
+    return res.stdout.strip()
+
+
 def test_router_key_on_no_command_line(host):
     """The worker key lives in a 0600 env file; no live process's /proc/<pid>/cmdline holds it."""
     v = hvars(host)
     if not in_group(host, 'vllm_router') or not router_key_configured(v):
         pytest.skip('no router key on this host')
-    scan = ('KEY_FILE = %r\n' % ROUTER_KEY_FILE) + _CMDLINE_SCAN
-    res = run_as_root(host, "python3 -c '%s'" % scan.replace("'", "'\"'\"'"))
-    assert res.rc == 0, res.stderr[-500:]
-    assert res.stdout.strip() == '', 'the router key is on a command line:\n' + res.stdout
+    hits = key_on_command_lines(host, ROUTER_KEY_FILE, 'VLLM_ROUTER_API_KEY')
+    assert hits == '', 'the router key is on a command line:\n' + hits
+
+
+def vllm_instance_host(host, request):
+    """Skips unless host runs vLLM instances that must demand a key (a router of the inventory has one)."""
+    if not (in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode')) or not hvars(host).get('vllm_instances'):
+        pytest.skip('no vLLM instance on this host')
+    if not instance_key_configured(request, host):
+        pytest.skip('no router key in the inventory: the instances demand none')
+
+
+def test_instance_key_on_no_command_line(host, request):
+    """The instances' key (VLLM_API_KEY) lives in a 0600 root env file; no live process's command line holds it."""
+    vllm_instance_host(host, request)
+    f = run_as_root(host, 'stat -c "%%a %%U" %s' % INSTANCE_KEY_FILE)
+    assert f.rc == 0 and f.stdout.split() == ['600', 'root'], (INSTANCE_KEY_FILE, f.stdout, f.stderr[-300:])
+    hits = key_on_command_lines(host, INSTANCE_KEY_FILE, 'VLLM_API_KEY')
+    assert hits == '', 'the instances\' key is on a command line:\n' + hits
+
+
+def test_instances_demand_the_key(host, request):
+    """Every instance answers /v1/models 401 without the key and 200 with it (vLLM guards /v1/* only)."""
+    vllm_instance_host(host, request)
+    auth = instance_auth_headers(host, True)
+    v = hvars(host)
+    for inst in v['vllm_instances']:
+        url = 'http://%s:%s/v1/models' % (inst.get('host_ip', v['common_host_ip']), inst['port'])
+        code = "curl -sS -o /dev/null -w '%%{http_code}' -m 30%s " + url
+        without = host.check_output(code % '')
+        with_key = host.check_output(code % ''.join(' -H %s' % shlex.quote(h) for h in auth))
+        assert (without, with_key) == ('401', '200'), \
+            'vllm@%s: /v1/models answered %s without the key and %s with it (want 401, 200)' % (inst['name'], without, with_key)
+        health = host.check_output("curl -sS -o /dev/null -w '%%{http_code}' -m 30 %s" % url.replace('/v1/models', '/health'))
+        assert health == '200', 'vllm@%s: /health answered %s without a key (the routers\' health checks send none)' \
+            % (inst['name'], health)

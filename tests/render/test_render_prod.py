@@ -3,6 +3,7 @@ import ipaddress
 import json
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def test_every_host_gets_its_files(prod_render, inventory):
     for group in ('vllm_prefill', 'vllm_decode'):
         for h, inst in instances(inventory, group):
             expect.setdefault(h, []).extend(['etc/vllm/%s.env' % inst['name'], 'etc/systemd/system/vllm@.service',
-                                             'opt/mooncake/bin/mooncake-check'])
+                                             'etc/vllm/api-key.env', 'opt/mooncake/bin/mooncake-check'])
     for h in groups['vllm_router']:
         expect.setdefault(h, []).extend(['etc/vllm-router/router.env', 'etc/systemd/system/vllm-router.service'])
     for h in list(expect):  # firewall_enabled in inventory/prod: every bundle host
@@ -305,7 +306,7 @@ def test_no_secret_on_any_command_line(prod_render, inventory):
         leaked = [s for s in secrets if any(s in a for a in argv)]
         assert not leaked, f'{unit.relative_to(prod_render)}: a vault secret is on the command line: {command_line(argv)[:200]}'
     holders = [p for p in prod_render.rglob('*') if p.is_file() and any(s in p.read_text(errors='ignore') for s in secrets)]
-    assert holders and all(p.name.endswith('.env') for p in holders), holders
+    assert holders and all(p.name.endswith('.env') and stat.S_IMODE(p.stat().st_mode) == 0o600 for p in holders), holders
 
 
 def _managed_table():
@@ -349,3 +350,24 @@ def test_render_mode_refuses_what_systemd_ignores(tmp_path):
     assert res.returncode != 0
     assert 'StateDirectory= path is absolute, ignoring: /srv/vllm' in res.stdout + res.stderr
     assert not list(out.glob('*/etc/systemd/system/vllm@.service'))
+
+
+def test_instances_demand_the_routers_key(prod_render, inventory):
+    """Every vLLM instance host gets the routers' key (what vllm-router sends its workers as OPENAI_API_KEY) as
+    VLLM_API_KEY in /etc/vllm/api-key.env (0600), which vllm@.service reads as environment: the only file of the
+    host that holds it, and never in ExecStart (test_no_secret_on_any_command_line expands it)."""
+    groups, _ = inventory
+    keys = {parse_env_file(prod_render / r / 'etc/vllm-router/api-key.env')['OPENAI_API_KEY'] for r in groups['vllm_router']}
+    assert len(keys) == 1 and all(keys), 'inventory/prod: one router key expected'
+    key = keys.pop()
+    for h in groups['vllm_prefill'] + groups['vllm_decode']:
+        root = prod_render / h
+        key_file = root / 'etc/vllm/api-key.env'
+        assert parse_env_file(key_file) == {'VLLM_API_KEY': key}, h
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600, h
+        unit = root / 'etc/systemd/system/vllm@.service'
+        assert 'EnvironmentFile=/etc/vllm/api-key.env' in unit.read_text().splitlines(), h
+        assert key not in unit_exec_start(unit), h
+        holders = sorted(p.relative_to(root).as_posix() for p in root.rglob('*')
+                         if p.is_file() and key in p.read_text(errors='ignore'))
+        assert holders == ['etc/vllm/api-key.env'], (h, holders)

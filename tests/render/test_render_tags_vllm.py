@@ -27,7 +27,9 @@ def _start(inventory, out, *extra):
 
 
 def _env_files(root):
-    return {p.relative_to(root): p.read_bytes() for p in sorted(root.glob('*/etc/vllm/*.env'))}
+    """The instances' env files (not the key files beside them, api-key.env / hf-token.env)."""
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.glob('*/etc/vllm/*.env'))
+            if p.name not in ('api-key.env', 'hf-token.env')}
 
 
 def test_tags_vllm_renders_the_env_files_of_a_full_run(tmp_path, prod_render):

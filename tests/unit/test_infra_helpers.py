@@ -38,16 +38,16 @@ firewall = _load_infra("test_firewall.py")
 # --- router key ----------------------------------------------------------------------------------
 
 class FakeHost:
-    def __init__(self, variables, uid="0", cat=(0, "", "")):
-        self.ansible = SimpleNamespace(get_variables=lambda: dict(variables, inventory_hostname="router1"))
-        self.uid, self.cat, self.sudo_used = uid, cat, False
+    def __init__(self, variables, uid="0", cat=(0, "", ""), path="/etc/vllm-router/api-key.env", name="router1"):
+        self.ansible = SimpleNamespace(get_variables=lambda: dict(variables, inventory_hostname=name))
+        self.uid, self.cat, self.sudo_used, self.path = uid, cat, False, path
 
     def check_output(self, cmd):
         assert cmd == "id -u"
         return self.uid
 
     def run(self, cmd):
-        assert cmd == "cat /etc/vllm-router/api-key.env"
+        assert cmd == "cat " + self.path
         rc, out, err = self.cat
         return SimpleNamespace(rc=rc, stdout=out, stderr=err)
 
@@ -85,6 +85,20 @@ def test_configured_key_that_cannot_be_read_fails():
     # Not configured, but the file is there and unreadable for another reason: not silently [].
     with pytest.raises(AssertionError, match="cannot be read"):
         conftest.router_auth_headers(FakeHost({}, uid="1000", cat=(1, "", "sudo: a password is required")))
+
+
+def test_instance_key_header_from_the_instance_host_file():
+    """The instances demand the routers' key: read from the instance host's own /etc/vllm/api-key.env."""
+    def inst(configured_cat, uid="0"):
+        return FakeHost({}, uid=uid, cat=configured_cat, path="/etc/vllm/api-key.env", name="prefill1")
+    h = inst((0, "VLLM_API_KEY=lab-123\n", ""), uid="1000")
+    assert conftest.instance_auth_headers(h, True) == ["Authorization: Bearer lab-123"] and h.sudo_used
+    missing = (1, "", "cat: /etc/vllm/api-key.env: No such file or directory")
+    assert conftest.instance_auth_headers(inst(missing), False) == []
+    with pytest.raises(AssertionError, match="vllm_router_api_key .* is set in the inventory.*/etc/vllm/api-key.env on prefill1 cannot be read"):
+        conftest.instance_auth_headers(inst(missing), True)
+    with pytest.raises(AssertionError, match="no VLLM_API_KEY"):
+        conftest.instance_auth_headers(inst((0, "VLLM_ROUTER_API_KEY=lab-123\n", "")), True)
 
 
 # --- listening addresses -------------------------------------------------------------------------

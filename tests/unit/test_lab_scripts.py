@@ -132,3 +132,52 @@ def test_role_watch_keeps_changes_and_a_failover_failure_shows_them():
                         roles_timeline="4.1s etcd1:leader etcd2:down | 40.2s etcd1:standby etcd2:leader")
     (msg,) = drills.failover_problems(flapped)
     assert "did not come back as standby (master roles after the kill: 4.1s etcd1:leader" in msg
+
+
+def test_vllm_serving_sends_the_instance_key_read_on_its_host(tmp_path, monkeypatch):
+    """The drills' direct /v1/models carries the VLLM_API_KEY of the host's key file (read there, by the
+    code run in the container, so the key is on no command line); no key file, no header."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == "Bearer k-123"
+            body = b'{"data": [{"id": "tiny-llama"}]}' if ok else b'{"error": "Unauthorized"}'
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    argvs = []
+
+    def local_sh(host, *cmd, check=True, timeout=180):  # the container is this machine
+        argvs.append(cmd)
+        return subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True, timeout=timeout)
+
+    monkeypatch.setattr(drills, "sh", local_sh)
+    key_file = tmp_path / "api-key.env"
+    monkeypatch.setattr(drills, "INSTANCE_KEY_FILE", str(key_file))
+    lab = drills.Lab.__new__(drills.Lab)
+    lab.model = "tiny-llama"
+    port = srv.server_address[1]
+    try:
+        key_file.write_text("VLLM_API_KEY=k-123\n")
+        assert lab.vllm_serving("prefill1", port) is True
+        key_file.write_text("VLLM_API_KEY=wrong\n")
+        assert lab.vllm_serving("prefill1", port) is False
+        key_file.unlink()
+        assert lab.vllm_serving("prefill1", port) is False
+    finally:
+        srv.shutdown()
+    assert seen == ["Bearer k-123", "Bearer wrong", None]
+    assert not any("k-123" in " ".join(a) for a in argvs)

@@ -82,6 +82,14 @@ def store_inv(**extra):
     return inv
 
 
+def two_routers(first, second):
+    """INVENTORY with router-1's vars updated by first and a router-2 with second."""
+    inv = copy.deepcopy(INVENTORY)
+    inv["router-1"].update(first)
+    inv["router-2"] = dict({"ansible_host": "10.0.0.42"}, **second)
+    return inv
+
+
 # check id -> (host, inventory, groups, substrings the message must contain besides the host and "Fix:")
 FAILING = {
     "groups_required": ("ctl-1", None, groups_with(vllm_router=None), ["no host in group vllm_router"]),
@@ -167,6 +175,10 @@ FAILING = {
                          "vllm_instances[decode0].port on gpu-d1"]),
     "fleet_engine_ids": ("ctl-1", with_instance("gpu-d1", 0, engine_id="gpu-p1-prefill0"), None,
                          ["vllm_instances engine_id(s) gpu-p1-prefill0 are used by more than one instance"]),
+    "router_api_keys": ("ctl-1", two_routers({"vllm_router_api_key": "key-aaaa"}, {"vllm_router_api_key": "key-bbbb"}),
+                        groups_with(vllm_router=["router-1", "router-2"]),
+                        ["vllm_router_api_key differs between the routers", "router-1: key #1; router-2: key #2",
+                         "group_vars/vllm_router/main.yml"]),
     "router_overrides": ("router-1", with_vars("router-1", vllm_router_prefill_urls=[
                              {"url": "http://10.9.9.9:8100", "bootstrap_port": 8998}]), None,
                          ["On router router-1", "vllm_router_prefill_urls[0].url=http://10.9.9.9:8100 is not a prefill instance"]),
@@ -308,3 +320,15 @@ def test_fleet_checks_skip_hosts_without_settings():
 def test_readme_lists_every_check():
     readme = open(os.path.join(REPO, "roles", "preflight", "README.md")).read()
     assert [c["id"] for c in pc.CHECKS if "`%s`" % c["id"] not in readme] == []
+
+
+def test_router_api_keys_same_key_passes_and_values_never_show():
+    two = groups_with(vllm_router=["router-1", "router-2"])
+    same = {"vllm_router_api_key": "key-aaaa"}
+    assert pc.router_api_keys(fleet(two_routers(same, same)), two, SPECS, "ctl-1") == []
+    assert pc.router_api_keys(fleet(two_routers({}, {})), two, SPECS, "ctl-1") == []  # no key anywhere
+    # One router without a key: it would send none, and every instance refuses it.
+    (msg,) = pc.router_api_keys(fleet(two_routers(same, {})), two, SPECS, "ctl-1")
+    assert "router-1: key #1; router-2: no key" in msg and "key-aaaa" not in msg
+    (msg,) = run("router_api_keys", *FAILING["router_api_keys"][1:3])
+    assert "key-aaaa" not in msg and "key-bbbb" not in msg

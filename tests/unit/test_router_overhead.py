@@ -82,3 +82,32 @@ def test_prompts_share_a_shape_but_not_a_prefix():
     a, b = ro.make_prompt("aaaa", 50), ro.make_prompt("bbbb", 50)
     assert len(a.split()) == len(b.split()) == 50
     assert a.split()[2:] == b.split()[2:] and a.split()[:2] != b.split()[:2]
+
+
+def test_direct_path_sends_the_key_to_prefill_and_decode():
+    """The instances demand the routers' key on /v1/*: the direct requests carry it, as the router's do."""
+    sent = []
+
+    class FakeHttp:
+        def request(self, method, url, body=None, headers=None):
+            sent.append((url, dict(headers or {})))
+            return b'{"usage": {"prompt_tokens": 300}}'
+
+    def bench(key):
+        b = ro.Bench.__new__(ro.Bench)
+        b.args = ro.argparse.Namespace(model="m", prompt_words=5, max_tokens=2, router="http://r:8000")
+        b.http, b.pool, b.next = FakeHttp(), ro.concurrent.futures.ThreadPoolExecutor(max_workers=2), 0
+        b.prefills, b.decodes = [("http://p:8100", "http://p:8998", "p-prefill0")], ["http://d:8200"]
+        b.auth = ro.auth_headers(key)
+        return b
+
+    b = bench("k-123")
+    b.direct()
+    b.via_router()
+    assert sorted(u for u, _ in sent) == ["http://d:8200/v1/completions", "http://p:8100/v1/completions",
+                                          "http://r:8000/v1/completions"]
+    assert all(h.get("Authorization") == "Bearer k-123" for _, h in sent), sent
+    assert all(h["X-Request-Id"].startswith("direct-") for u, h in sent if "/r:" not in u)
+    sent.clear()
+    bench("").direct()
+    assert len(sent) == 2 and not any("Authorization" in h for _, h in sent)
