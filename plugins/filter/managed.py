@@ -83,6 +83,7 @@ VLLM_ENV = {
     'HF_HOME': 'vllm_hf_home',
     'HF_HUB_OFFLINE': 'vllm_model (an absolute path is served offline)',
     'HF_TOKEN': 'vllm_hf_token',
+    'VLLM_API_KEY': 'vllm_router_api_key (the routers\' key, in _vllm_api_key_file)',
     'PYTHONPATH': 'nothing (the bundle\'s drain middleware and side-channel pin)',
     'PD_BUNDLE_DRAIN_FILE': 'nothing (rolling restarts)',
     'HOME': 'vllm_state_dir',
