@@ -31,9 +31,9 @@
   variable (status, the firewall, the mooncake role's view of the masters) read it here, so no
   literal copy of another role's default exists anywhere.
 """
-import importlib.util
 import os
 import re
+import runpy
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -334,13 +334,13 @@ _ROLES_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__fil
 _DEFAULTS_CACHE = {}
 
 
+# plugins/filter/NAME.py as a module (filter plugins are not a package): the one loader, siblings.load.
+_sibling = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
+
+
 def _preflight():
-    """plugins/filter/preflight.py (reads the roles' defaults; Ansible loads filter files under private names)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'preflight.py')
-    spec = importlib.util.spec_from_file_location('_pd_bundle_filter_preflight_for_bundle', path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """plugins/filter/preflight.py (reads the roles' defaults)."""
+    return _sibling('preflight')
 
 
 def role_defaults(roles_dir=None):
@@ -352,15 +352,25 @@ def role_defaults(roles_dir=None):
     return _DEFAULTS_CACHE[roles_dir]
 
 
-_PLACEHOLDER = re.compile(r'\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}')
+# Ansible's path filters, which a default rendered here may apply to a setting (they are os.path's).
+PATH_FILTERS = {'basename': os.path.basename, 'dirname': os.path.dirname}
+_PLACEHOLDER = re.compile(r'\{\{\s*([A-Za-z_][A-Za-z0-9_]*)((?:\s*\|\s*(?:%s))*)\s*\}\}' % '|'.join(PATH_FILTERS))
+
+
+def _fill(match, cfg):
+    value = str(cfg[match.group(1)])
+    for name in re.findall(r'[a-z]+', match.group(2)):
+        value = PATH_FILTERS[name](value)
+    return value
 
 
 def host_cfg(host, hostvars, roles_dir=None):
     """host's effective value of every variable a role defaults.
 
-    A default that is a template made only of plain "{{ name }}" placeholders over other settings
-    (etcd_ca_file: "{{ etcd_cert_dir }}/ca.crt") is rendered from them; other templated defaults
-    (facts, filters) are left out.
+    A default that is a template made only of "{{ name }}" placeholders over other settings, each plain or
+    through path filters (etcd_ca_file: "{{ etcd_cert_dir }}/ca.crt", vllm_served_model_name:
+    "{{ vllm_model | basename }}"), is rendered from them; other templated defaults (facts, other filters)
+    are left out.
     """
     pre, defaults = role_defaults(roles_dir)
     cfg = pre.effective(hostvars[host], defaults)
@@ -368,9 +378,9 @@ def host_cfg(host, hostvars, roles_dir=None):
                and not _PLACEHOLDER.sub('', v).count('{')}
     for _ in range(3):  # chains of placeholders, a few deep
         for key, tmpl in list(pending.items()):
-            names = _PLACEHOLDER.findall(tmpl)
+            names = [m.group(1) for m in _PLACEHOLDER.finditer(tmpl)]
             if all(isinstance(cfg.get(n), (str, int)) and not isinstance(cfg.get(n), bool) for n in names):
-                cfg[key] = _PLACEHOLDER.sub(lambda m: str(cfg[m.group(1)]), tmpl)
+                cfg[key] = _PLACEHOLDER.sub(lambda m: _fill(m, cfg), tmpl)
                 del pending[key]
     return cfg
 

@@ -16,19 +16,13 @@ Inputs are plain data:
             fits; the fleet checks read each host's cfg and its address as bundle_host_ip does)
 - skip:     preflight_skip, the check classes not to run (each check belongs to one class, CHECKS below)
 """
-import importlib.util
 import json
 import os
 import re
+import runpy
 
-
-def _sibling(name):
-    """plugins/filter/NAME.py as a module (filter plugins are not a package)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + '.py')
-    spec = importlib.util.spec_from_file_location('_pd_bundle_filter_' + name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+# plugins/filter/NAME.py as a module (filter plugins are not a package): the one loader, siblings.load.
+_sibling = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
 
 
 _pf = _sibling('preflight')
@@ -737,7 +731,7 @@ def router_overrides(hostvars, groups, specs, host):
 
 # --- prefill/decode consistency (fleet): what KV shape and request length depend on ---------------------
 
-_JINJA_FILTERS = {'basename': os.path.basename, 'dirname': os.path.dirname}
+_JINJA_FILTERS = _bundle.PATH_FILTERS
 
 
 def _setting(cfg, var):

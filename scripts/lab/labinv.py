@@ -16,7 +16,7 @@ Plain YAML (no Ansible, no vault): the lab's vault holds only the router's API k
 """
 import argparse
 import functools
-import importlib.util
+import runpy
 import sys
 from pathlib import Path
 
@@ -29,10 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 def _bundle_filter(repo):
     """plugins/filter/bundle.py, whose role_defaults reads the roles' defaults for every other reader too
     (loaded once per repo: var() asks for it on every default it looks up)."""
-    spec = importlib.util.spec_from_file_location("_labinv_bundle", Path(repo) / "plugins" / "filter" / "bundle.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    load = runpy.run_path(str(REPO / "plugins" / "filter" / "siblings.py"))["load"]  # the one filter-file loader
+    return load("bundle", Path(repo) / "plugins" / "filter")
 
 
 class Lab:

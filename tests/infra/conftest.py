@@ -3,7 +3,7 @@
     pytest tests/infra --hosts='ansible://all' --ansible-inventory=inventory/prod
 
 Variables come from the inventory (host.ansible.get_variables()); what the inventory leaves out
-falls back to the roles' defaults, repeated here in DEFAULTS.
+falls back to the roles' defaults (DEFAULTS, read from roles/*/defaults/main.yml).
 """
 import json
 import os
@@ -26,18 +26,29 @@ def pytest_configure(config):
     if inv and Path(inv).resolve() == LAB_INVENTORY.resolve():
         os.environ.setdefault('ANSIBLE_VAULT_PASSWORD_FILE', str(LAB_VAULT_PASS))
 
-DEFAULTS = {
-    'etcd_client_port': 2379,
-    'etcd_peer_port': 2380,
-    'etcd_mooncake_client_port': 2479,
-    'etcd_cert_dir': '/etc/etcd/pki',
-    'mooncake_master_metrics_port': 9003,
-    'mooncake_master_rpc_port': 50051,
-    'vllm_router_port': 8000,
-    'vllm_router_prometheus_port': 29000,
-    'vllm_default_bootstrap_port': 8998,
-    'vllm_kv_connector': 'MooncakeConnector',
-}
+
+def role_defaults(*names):
+    """The roles' own defaults (roles/*/defaults/main.yml) of NAMES, read rather than restated; each must be a
+    plain value (a templated default needs Ansible to resolve it)."""
+    merged = {}
+    for f in sorted((REPO / 'roles').glob('*/defaults/main.yml')):
+        merged.update(yaml.safe_load(f.read_text()) or {})
+    out = {}
+    for name in names:
+        value = merged[name]
+        if isinstance(value, str) and ('{{' in value or '{%' in value):
+            raise ValueError('%s: its role default %r is a template, not a plain value' % (name, value))
+        out[name] = value
+    return out
+
+
+# What the inventory leaves out: the roles' defaults.
+DEFAULTS = role_defaults(
+    'etcd_client_port', 'etcd_peer_port', 'etcd_mooncake_client_port', 'etcd_cert_dir',
+    'mooncake_master_metrics_port', 'mooncake_master_rpc_port',
+    'vllm_router_port', 'vllm_router_prometheus_port', 'vllm_default_bootstrap_port',
+    'vllm_kv_connector',
+)
 
 
 def hvars(host):

@@ -19,21 +19,16 @@ import uuid
 
 import pytest
 
-from conftest import groups, hvars, in_group, other_host
+from conftest import groups, hvars, in_group, other_host, role_defaults
 
 TABLE = 'pd_bundle'
 UNIT = 'pd-bundle-firewall.service'
-# Role defaults the inventory may leave out (roles/*/defaults/main.yml).
-PORT_DEFAULTS = {
-    'etcd_client_port': 2379,
-    'etcd_peer_port': 2380,
-    'mooncake_master_rpc_port': 50051,
-    'mooncake_master_metrics_port': 9003,
-    'mooncake_master_http_metadata_port': 8080,
-    'vllm_default_bootstrap_port': 8998,
-    'vllm_router_port': 8000,
-    'vllm_router_prometheus_port': 29000,
-}
+# Role defaults the inventory may leave out (read from roles/*/defaults/main.yml).
+PORT_DEFAULTS = role_defaults(
+    'etcd_client_port', 'etcd_peer_port', 'mooncake_master_rpc_port', 'mooncake_master_metrics_port',
+    'mooncake_master_http_metadata_port', 'vllm_default_bootstrap_port', 'vllm_router_port',
+    'vllm_router_prometheus_port',
+)
 # Which host plays the natural client of a host's services (the first of these groups with another host).
 PEER_GROUPS = {
     'vllm_prefill': ['vllm_decode'],

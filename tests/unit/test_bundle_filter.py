@@ -198,6 +198,16 @@ def test_host_cfg_reads_role_defaults_under_the_inventory():
     assert 'etcd_cert_file' not in bf.host_cfg('r1', hv)  # needs inventory_hostname
 
 
+def test_host_cfg_renders_a_default_through_path_filters():
+    """vllm_served_model_name: "{{ vllm_model | basename }}" is read from the vllm role, not restated by a play."""
+    import yaml
+    vllm = yaml.safe_load(open(os.path.join(REPO, "roles/vllm/defaults/main.yml")).read())
+    hv = {'p1': {'vllm_model': 'Qwen/Qwen3-32B'}, 'p2': {}, 'p3': {'vllm_model': '/m', 'vllm_served_model_name': 'x'}}
+    assert bf.host_cfg('p1', hv)['vllm_served_model_name'] == 'Qwen3-32B'
+    assert bf.host_cfg('p2', hv)['vllm_served_model_name'] == os.path.basename(vllm['vllm_model'])
+    assert bf.host_cfg('p3', hv)['vllm_served_model_name'] == 'x'
+
+
 def test_etcd_mooncake_hostports_follow_each_members_tls():
     hv = {'e1': {'common_host_ip': '10.0.0.1', 'etcd_tls_enabled': True, 'etcd_mooncake_client_port': 2479},
           'e2': {'common_host_ip': '10.0.0.2', 'etcd_tls_enabled': False, 'etcd_client_port': 2390}}
