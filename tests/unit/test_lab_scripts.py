@@ -181,3 +181,40 @@ def test_vllm_serving_sends_the_instance_key_read_on_its_host(tmp_path, monkeypa
         srv.shutdown()
     assert seen == ["Bearer k-123", "Bearer wrong", None]
     assert not any("k-123" in " ".join(a) for a in argvs)
+
+
+class _SlowProbeLab:
+    """A named fake lab: the unit restarts and serves at once; the router probe fails once, then succeeds
+    slowly (one request stalled, as Mooncake's 30 s TCP stall does on the 2-core lab)."""
+
+    class args:
+        limit = vllm_limit = 5
+
+    def __init__(self, stall):
+        self.stall, self.calls = stall, 0
+
+    def router_settled(self):
+        return 0.0
+
+    def kill(self, host, unit):
+        return {}
+
+    def restarted(self, host, unit, before):
+        return True
+
+    def router_ok_n(self):
+        import time
+        self.calls += 1
+        if self.calls == 1:
+            return False
+        time.sleep(self.stall)
+        return True
+
+
+def test_kill_drill_recovers_when_the_passing_probe_was_sent():
+    """The recovery point is the send time of the passing probe (after one failed probe and wait_for's 0.5 s
+    step), not its end; how long the probe took is kept as probe_s."""
+    r = drills.drill_kill(_SlowProbeLab(stall=1.5), "etcd member", "etcd3", "etcd", lambda: True, 30, 30)
+    assert 0.4 <= r["recovery_s"] <= 1.2, r
+    assert r["probe_s"] >= 1.4, r
+    assert drills.drill_problems(r, 30, 180) == []
