@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import load  # noqa: E402  (scripts/lab/load.py)
-from labinv import Lab as LabInventory  # noqa: E402  (the lab's names and addresses, from its inventory)
+from labinv import Lab as LabInventory, role_var  # noqa: E402  (the lab's names and addresses, from its inventory)
 
 GOAL_S = 30  # the recovery goal of every service whose start is not a model load
 
@@ -64,7 +64,7 @@ def sh(host, *cmd, check=True, timeout=180):
 
 
 # The key every vLLM instance demands on /v1/* (roles/vllm): read on the instance's own host, as root.
-INSTANCE_KEY_FILE = "/etc/vllm/api-key.env"
+INSTANCE_KEY_FILE = role_var("vllm", "_vllm_api_key_file")
 
 
 def http_get(host, url, timeout=3, key_file=None):

@@ -12,6 +12,7 @@
     labinv.py hosts [GROUP[:GROUP]]   one host per line
     labinv.py instances [GROUP...]    host:instance:port per line (default: prefill and decode)
     labinv.py var NAME                a port or setting (inventory, else role default)
+    labinv.py role-var ROLE NAME      a fixed internal of a role (roles/ROLE/vars/main.yml), e.g. a key file path
 Plain YAML (no Ansible, no vault): the lab's vault holds only the router's API key.
 """
 import argparse
@@ -83,10 +84,15 @@ class Lab:
         return f"http://{self.ips[self.router_host()]}:{self.var('vllm_router_port')}"
 
 
+def role_var(role, name):
+    """roles/ROLE/vars/main.yml's NAME as written there (a plain value such as a file path), the one place it lives."""
+    return yaml.safe_load((REPO / "roles" / role / "vars" / "main.yml").read_text())[name]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-s", "--scenario", default="default")
-    ap.add_argument("what", choices=["router-url", "router-host", "hosts", "instances", "var"])
+    ap.add_argument("what", choices=["router-url", "router-host", "hosts", "instances", "var", "role-var"])
     ap.add_argument("args", nargs="*")
     a = ap.parse_args(argv)
     lab = Lab(a.scenario)
@@ -98,6 +104,8 @@ def main(argv=None):
         print("\n".join(lab.hosts(a.args[0] if a.args else "all")))
     elif a.what == "instances":
         print("\n".join(f"{h}:{n}:{p}" for h, n, p in lab.instances(a.args or ("vllm_prefill", "vllm_decode"))))
+    elif a.what == "role-var":
+        print(role_var(*a.args[:2]))
     else:
         print(lab.var(a.args[0]))
     return 0

@@ -36,13 +36,14 @@ status() {  # status NAME [ansible-playbook args...]; sets RC, prints the table
   say "$name: rc=$RC (log $LOG/$name.log)"
 }
 
-# /v1/models with the key the instance demands (VLLM_API_KEY of /etc/vllm/api-key.env, read on the host; curl
-# takes the header from stdin, so the key is on no command line). No key file there: no header.
+# /v1/models with the key the instance demands (VLLM_API_KEY of the vllm role's key file, read on the host;
+# curl takes the header from stdin, so the key is on no command line). No key file there: no header.
+KEY_FILE=$("$VENV/bin/python" scripts/lab/labinv.py role-var vllm _vllm_api_key_file)
 serving() {
-  docker exec "$HOST" sh -c 'k=$(sed -n "s/^VLLM_API_KEY=//p" /etc/vllm/api-key.env 2>/dev/null)
+  docker exec "$HOST" sh -c 'k=$(sed -n "s/^VLLM_API_KEY=//p" "$2" 2>/dev/null)
     url=http://127.0.0.1:$1/v1/models
     if [ -n "$k" ]; then printf "Authorization: Bearer %s\n" "$k" | curl -sf -m 10 -H @- "$url"; else curl -sf -m 10 "$url"; fi' \
-    _ "$PORT" >/dev/null 2>&1
+    _ "$PORT" "$KEY_FILE" >/dev/null 2>&1
 }
 
 restore() {
