@@ -5,9 +5,11 @@
 #  - systemd: systemd-analyze verify/security for the rendered units
 #  - nftables: nft loads the rendered firewall rulesets in a throwaway network namespace (render test)
 #  - util-linux: unshare for that namespace
+#  - haproxy, keepalived: the entry role's configs checked by the real daemons, and a live HAProxy on
+#    127.0.0.1 (tests/unit/test_entry_haproxy.py, which skips without them); openssl makes its test certificate
 # The render tests fail (they do not skip) when systemd-analyze, nft or unshare is missing.
 set -euo pipefail
-pkgs=(python3-venv libibverbs1 libnuma1 libcurl4 iproute2 systemd nftables util-linux)
+pkgs=(python3-venv libibverbs1 libnuma1 libcurl4 iproute2 systemd nftables util-linux haproxy keepalived openssl)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -16,7 +16,7 @@
   url, bootstrap_port, engine_id): the router's worker lists, preflight's address and router checks and
   the benchmark all read this one definition.
 - host_listeners:     every TCP port a host's bundle services bind (port or range, the variable that sets
-  it, why, public or cluster-only): preflight's collision check and the firewall's rules both read it.
+  it, why, public, cluster-only or entry-only): preflight's collision check and the firewall's rules both read it.
 - vllm_stale_instances: instances whose process started before one of their inputs last changed
   (a run that changed a file but failed before the restart must not lose that restart).
 - router_argv:        vllm-router's command line from the router role's settings and its worker lists.
@@ -189,17 +189,19 @@ def _truthy(value, default):
 
 def host_listeners(cfg, roles):
     """The TCP listeners of one host, from its effective settings cfg and roles {etcd, master, prefill,
-    decode, router} (booleans). Each: {port, last (a range's end, else None), spec ('8100' or
+    decode, router, entry} (booleans) and behind_entry (the inventory has an entry group: then the router's
+    client port is for the entry hosts only). Each: {port, last (a range's end, else None), spec ('8100' or
     '18100-18103', as nft writes it), vars (one label per port: the variable that sets it), why,
-    public (the router's client port), engine_range (the transfer engine's random-port range)}.
+    public (open to everyone: the entry's HTTPS port, or the router's client port without an entry),
+    entry_only (reachable from the entry hosts only), engine_range (the transfer engine's random-port range)}.
     In the firewall's rule order: etcd, master, engine range and check port, vLLM instances,
-    side channels, router."""
+    side channels, router, entry."""
     out = []
 
-    def add(port, labels, why, last=None, public=False, engine_range=False):
+    def add(port, labels, why, last=None, public=False, engine_range=False, entry_only=False):
         spec = '%s-%s' % (port, last) if last is not None else str(port)
         out.append({'port': port, 'last': last, 'spec': spec, 'vars': labels, 'why': why, 'public': public,
-                    'engine_range': engine_range})
+                    'engine_range': engine_range, 'entry_only': entry_only})
 
     vllm = bool(roles.get('prefill')) or bool(roles.get('decode'))
     if roles.get('etcd'):
@@ -237,8 +239,13 @@ def host_listeners(cfg, roles):
             add(sc[0], labels, 'vLLM %s MooncakeConnector side channel (pinned)' % name,
                 last=sc[-1] if len(sc) > 1 else None)
     if roles.get('router'):
-        add(cfg.get('vllm_router_port'), ['vllm_router_port'], 'vllm-router clients', public=True)
+        behind = bool(roles.get('behind_entry'))
+        add(cfg.get('vllm_router_port'), ['vllm_router_port'],
+            'vllm-router clients (the entry hosts)' if behind else 'vllm-router clients', public=not behind, entry_only=behind)
         add(cfg.get('vllm_router_prometheus_port'), ['vllm_router_prometheus_port'], 'vllm-router Prometheus')
+    if roles.get('entry'):
+        add(cfg.get('entry_port'), ['entry_port'], 'entry HTTPS (HAProxy)', public=True)
+        add(cfg.get('entry_check_port'), ['entry_check_port'], 'entry local health (HAProxy, loopback)')
     return out
 
 

@@ -46,6 +46,7 @@ PORT_VARS = {
     'etcd': ['etcd_client_port', 'etcd_peer_port'],
     'master': ['mooncake_master_rpc_port', 'mooncake_master_metrics_port', 'mooncake_master_http_metadata_port'],
     'router': ['vllm_router_port', 'vllm_router_prometheus_port'],
+    'entry': ['entry_port', 'entry_check_port'],
 }
 
 CHECKS = []
@@ -83,7 +84,8 @@ def _roles(host, groups):
     def member(group):
         return host in ((groups or {}).get(group) or [])
     r = {'prefill': member('vllm_prefill'), 'decode': member('vllm_decode'), 'router': member('vllm_router'),
-         'etcd': member('etcd'), 'master': member('mooncake_master')}
+         'etcd': member('etcd'), 'master': member('mooncake_master'), 'entry': member('entry')}
+    r['behind_entry'] = bool((groups or {}).get('entry'))
     r['vllm'] = r['prefill'] or r['decode']
     r['engine'] = r['vllm'] or r['master']
     return r
@@ -592,7 +594,7 @@ def instances_optional_keys(cfg, host, groups, specs):
 @check('ports')
 def ports_are_ports(cfg, host, groups, specs):
     r = _roles(host, groups)
-    names = [v for role in ('vllm', 'engine', 'etcd', 'master', 'router') if r[role] for v in PORT_VARS[role]]
+    names = [v for role in ('vllm', 'engine', 'etcd', 'master', 'router', 'entry') if r[role] for v in PORT_VARS[role]]
     if r['etcd'] and _truthy(cfg.get('etcd_tls_enabled'), False):
         names.append('etcd_mooncake_client_port')
     seen, out = set(), []
@@ -1214,7 +1216,7 @@ def sandbox_read_only(cfg, host, groups, specs):
 
 # --- addresses: every cluster member at a distinct, usable address ---------------------------------------------
 
-_BUNDLE_GROUPS = ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router')
+_BUNDLE_GROUPS = ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router', 'entry')
 
 
 def _address(hostvars, h):
@@ -1305,6 +1307,136 @@ def router_api_keys(hostvars, groups, specs, host):
             'demands one key on /v1/* (VLLM_API_KEY, the routers\' key), so a router with another key, or none, gets '
             '401 from every instance. Fix: set vllm_router_api_key once for the group (group_vars/vllm_router/main.yml, '
             'from Ansible Vault) and remove the per-host values.' % (host, '; '.join(parts))]
+
+
+# --- the entry (HAProxy + keepalived in front of the routers) ------------------------------------------
+
+ENTRY_KEY_NAME_RE = '^[A-Za-z0-9_.-]{1,64}$'
+ENTRY_KEY_MIN_LEN = 16
+ENTRY_GROUP_FILE = 'group_vars/entry/main.yml'
+
+
+@check('entry')
+def entry_keys(cfg, host, groups, specs):
+    """An entry host has client keys: a dict of names (map file and access log) to keys (Vault), each key long,
+    without blanks, and used by one name only. Keys are never shown."""
+    if not _roles(host, groups)['entry']:
+        return []
+    keys = cfg.get('entry_keys')
+    if not isinstance(keys, dict) or not keys:
+        return ['entry_keys on %s is %s: the entry answers 401 to every request without a client key. Fix: set '
+                'entry_keys: {name: key, ...} for the group (%s, the keys from Ansible Vault: vault_entry_keys).'
+                % (host, 'empty' if isinstance(keys, dict) or keys is None else 'not a dict', ENTRY_GROUP_FILE)]
+    out = ['entry_keys name %s on %s is not a name HAProxy\'s map and the access log can carry. Fix: use 1-64 of '
+           'A-Z a-z 0-9 _ . - (e.g. team-a).' % (_j(n), host) for n in keys if not re.match(ENTRY_KEY_NAME_RE, str(n))]
+    out += ['entry_keys[%s] on %s is %s (value not shown). Fix: a random key of %d+ characters without blanks, from '
+            'Ansible Vault (e.g. openssl rand -hex 32).' % (n, host, why, ENTRY_KEY_MIN_LEN)
+            for n, k in keys.items()
+            for why in [('not a string' if not isinstance(k, str) else
+                         'shorter than %d characters' % ENTRY_KEY_MIN_LEN if len(k) < ENTRY_KEY_MIN_LEN else
+                         'a key with blanks (a Bearer token is one word)' if re.search(r'\s', k) else None)] if why]
+    by_key = {}
+    for n, k in keys.items():
+        by_key.setdefault(str(k), []).append(str(n))
+    out += ['entry_keys on %s gives one key to the names %s (value not shown): the access log and the rate limits '
+            'could not tell them apart. Fix: a key of its own for each name.' % (host, ', '.join(sorted(names)))
+            for names in by_key.values() if len(names) > 1]
+    return out
+
+
+@check('entry')
+def entry_rate_limits(cfg, host, groups, specs):
+    if not _roles(host, groups)['entry']:
+        return []
+    limits, keys = cfg.get('entry_rate_limits', {}), cfg.get('entry_keys') or {}
+    if not isinstance(limits, dict):
+        return ['entry_rate_limits=%s on %s is not a dict. Fix: {key name: requests per entry_rate_limit_period}, or {}.'
+                % (_j(limits), host)]
+    out = ['entry_rate_limits names %s on %s, which is no name in entry_keys (%s). Fix: use a name of entry_keys.'
+           % (_j(n), host, ', '.join(sorted(map(str, keys))) if isinstance(keys, dict) else '-')
+           for n in limits if not isinstance(keys, dict) or n not in keys]
+    out += ['%s=%s on %s is not a count of requests. Fix: an integer >= 0 (0 = no limit).' % (var, _j(v), host)
+            for var, v in [('entry_rate_limits[%s]' % n, v) for n, v in limits.items()]
+            + [('entry_rate_limit_default', cfg.get('entry_rate_limit_default', 0))]
+            if isinstance(v, bool) or not _pf.is_intlike(v) or int(v) < 0]
+    return out
+
+
+@check('entry')
+def entry_tls_files(cfg, host, groups, specs):
+    """Operator-given certificate and key: both or neither, and both on the controller (preflight runs there)."""
+    if not _roles(host, groups)['entry']:
+        return []
+    cert, key = str(cfg.get('entry_tls_cert_file') or ''), str(cfg.get('entry_tls_key_file') or '')
+    if not cert and not key:
+        return []
+    if not cert or not key:
+        return ['entry_tls_cert_file=%s and entry_tls_key_file=%s on %s: one without the other. Fix: give both (a certificate and its key) or '
+                'neither (a certificate from the bundle\'s entry CA).' % (_j(cert), _j(key), host)]
+    return ['%s=%s on %s is not a file on the controller. Fix: the path of the PEM %s on the machine that runs '
+            'ansible-playbook.' % (var, _j(path), host, what)
+            for var, path, what in [('entry_tls_cert_file', cert, 'certificate chain'), ('entry_tls_key_file', key, 'key')]
+            if not os.path.isfile(os.path.expanduser(path))]
+
+
+def _entry_net(ip, prefix):
+    import ipaddress
+    return ipaddress.ip_interface('%s/%s' % (ip, prefix)).network
+
+
+@check('entry', scope='fleet')
+def entry_vip(hostvars, groups, specs, host):
+    """With 2+ entry hosts keepalived holds entry_vip: one VIP, VRRP id and password for the group, an interface
+    on every host, and the VIP in every entry host's subnet (host address / entry_vip_prefix), none's own."""
+    import ipaddress
+    entries = list(groups.get('entry') or [])
+    cfgs = _cfgs(hostvars, entries)
+    if len(entries) < 2 or not cfgs:
+        return []
+    out = []
+    for var in ('entry_vip', 'entry_vip_prefix', 'entry_vrrp_router_id', 'entry_vrrp_password'):
+        values = {}
+        for h, c in cfgs:
+            values.setdefault(str(c.get(var)), []).append(h)
+        if len(values) > 1:
+            out.append('%s differs between the entry hosts (checked on %s): %s. Fix: set it once for the group (%s).'
+                       % (var, host, '; '.join('%s: %s' % (', '.join(hs), '(not shown)' if var == 'entry_vrrp_password'
+                                                           else v) for v, hs in sorted(values.items())), ENTRY_GROUP_FILE))
+    if out:
+        return out
+    h0, c = cfgs[0]
+    vip, prefix = c.get('entry_vip'), c.get('entry_vip_prefix', 24)
+    if not vip or not _pf.is_ip(vip) or ':' in str(vip):
+        return ['entry_vip=%s on %s: with %d entry hosts (%s) keepalived needs the IPv4 address clients use. Fix: set '
+                'entry_vip to a free address in the entry hosts\' subnet (%s).' % (_j(vip), h0, len(entries),
+                                                                                  ', '.join(entries), ENTRY_GROUP_FILE)]
+    if isinstance(prefix, bool) or not _pf.is_intlike(prefix) or not 1 <= int(prefix) <= 32:
+        return ['entry_vip_prefix=%s on %s is not a prefix length. Fix: the entry hosts\' subnet prefix, 1-32 (e.g. 24).'
+                % (_j(prefix), h0)]
+    rid, pw = c.get('entry_vrrp_router_id'), c.get('entry_vrrp_password')
+    if isinstance(rid, bool) or not _pf.is_intlike(rid) or not 1 <= int(rid) <= 255:
+        out.append('entry_vrrp_router_id=%s on %s is not a VRRP id. Fix: 1-255, unique among the VRRP groups of that '
+                   'network.' % (_j(rid), h0))
+    if not isinstance(pw, str) or not 1 <= len(pw) <= 8:
+        out.append('entry_vrrp_password on %s is %s (value not shown): keepalived\'s VRRPv2 PASS authentication keeps '
+                   '1-8 characters. Fix: set vault_entry_vrrp_password to 8 random characters (e.g. openssl rand -hex 4) '
+                   'in Ansible Vault.' % (h0, 'not set' if not pw else 'not 1-8 characters'))
+    for h, hc in cfgs:
+        if not str(hc.get('entry_vip_interface') or '').strip():
+            out.append('entry_vip_interface is not set for %s (checked on %s): keepalived adds entry_vip to that interface. '
+                       'Fix: set entry_vip_interface (e.g. eth0) for the group or in host_vars/%s.yml.' % (h, host, h))
+        ip, source = _address(hostvars, h)
+        if not _pf.is_ip(ip):
+            continue  # addresses_usable refuses it
+        if ipaddress.ip_address(ip) == ipaddress.ip_address(vip):
+            out.append('entry_vip=%s is the address of %s (%s; checked on %s). Fix: a free address for the VIP.'
+                       % (vip, h, source, host))
+        elif ':' not in ip and ipaddress.ip_address(vip) not in _entry_net(ip, prefix):
+            out.append('entry_vip=%s is outside the subnet of %s (%s=%s, entry_vip_prefix=%s: %s; checked on %s): no '
+                       'client on that network could reach it there. Fix: a free address in %s, or the right '
+                       'entry_vip_prefix.' % (vip, h, source, ip, prefix, _entry_net(ip, prefix), host,
+                                              _entry_net(ip, prefix)))
+    return out
 
 
 # --- runners ------------------------------------------------------------------------------------------

@@ -21,11 +21,22 @@ Input, one dict per cluster, assembled by the playbook from what each host repor
               mooncake-check reports it), ratio, min_ratio, floor_met, error}]; one per instance pair,
               so a matrix cell (host pair) may hold several: it shows the slowest, and is red if any is
 
+  master_ha: whether the masters run HA (their leader is elected through etcd)
+  master_views: etcd's master view as each etcd member read it (bundle_status_etcd_view); master rows also carry
+         address (their own RPC ip:port) and leader_address (whom their /health follows)
+
 Red: a unit not running, a failed health probe (unhealthy etcd member, unhealthy master, vLLM or
-router /health not 200), no healthy master leader when there are masters, a failed or missing
+router /health not 200), no healthy master leader when there are masters, with HA masters etcd's
+master view disagreeing with the masters (plugins/filter/mooncake_etcd.py: no key, no live lease, another
+master than the leader), a failed or missing
 transfer, a transfer whose Mooncake/raw-TCP ratio is below the protocol's floor (floor_met false).
 A tcp cluster (no RDMA) shows tcp and n/a for NICs, GID and link rate; that is not red.
 """
+import base64
+import os
+import runpy
+
+_mooncake_etcd = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']('mooncake_etcd')
 
 RED = 'RED'
 OK = 'ok'
@@ -96,6 +107,49 @@ def _below_floor(t):
     return t.get('ok') and t.get('floor_met') is False
 
 
+def _etcd_view(data):
+    """etcd's master view: the first member's read that succeeded, else why none did."""
+    reads = [v for v in data.get('master_views') or [] if v]
+    for v in reads:
+        if not v.get('error'):
+            return v
+    return {'error': '; '.join('%s: %s' % (v.get('host'), v.get('error')) for v in reads) or 'no etcd member reported'}
+
+
+def _masters_view(units):
+    """The masters' own view (mooncake_etcd.master_view_problems' masters) from their rows."""
+    return [{'host': u.get('host'), 'address': u.get('address'), 'role': u.get('health'),
+             'healthy': u.get('state') == 'running' and bool(u.get('health_ok')),
+             'leader_address': u.get('leader_address')} for u in _masters(units)]
+
+
+def _master_view_red(data):
+    if not (data.get('master_ha') and _masters(data.get('units') or [])):
+        return []
+    return _mooncake_etcd.master_view_problems(_etcd_view(data), _masters_view(data.get('units') or []))
+
+
+def _master_view_line(data):
+    """'Master leader: ...': the masters' own view beside etcd's; None without HA masters."""
+    units = data.get('units') or []
+    if not (data.get('master_ha') and _masters(units)):
+        return None
+    masters = _masters_view(units)
+    by_addr = {m['address']: m['host'] for m in masters}
+    leaders = ['%s (%s)' % (m['host'], m['address']) for m in masters if m['healthy'] and m['role'] == 'leader']
+    view = _etcd_view(data)
+    if view.get('error'):
+        etcd = 'not read (%s)' % view['error']
+    elif not view.get('value'):
+        etcd = 'no key'
+    else:
+        etcd = '%s (%s), lease TTL %s of %s s, read on %s' % (
+            by_addr.get(view['value'], 'no master'), view['value'], _txt(view.get('lease_ttl')),
+            _txt(view.get('granted_ttl')), view.get('host'))
+    return '%s Master leader: masters say %s; etcd says %s' % (
+        RED if _master_view_red(data) else OK, ', '.join(leaders) or 'none', etcd)
+
+
 def bundle_status_red(data):
     """Reasons the cluster is red; an empty list means green."""
     data = data or {}
@@ -108,6 +162,7 @@ def bundle_status_red(data):
             red.append('%s: %s unhealthy: %s' % (unit.get('host'), unit.get('unit'), _txt(unit.get('health'))))
     if _masters(units) and not _has_leader(units):
         red.append('mooncake-master: no healthy leader')
+    red.extend('mooncake-master: %s' % p for p in _master_view_red(data))
     if data.get('transfer_check', True):
         seen = _transfers(data)
         for src in data.get('prefills') or []:
@@ -166,6 +221,9 @@ def bundle_status_table(data):
                      _state_text(unit), _txt(unit.get('version')), _health_cell(unit, leader)]
                     + _instance_cells(unit))
     out.extend(_table(['', 'host', 'unit', 'state', 'version', 'health', 'gpus', 'nics', 'gid', 'link'], rows))
+    view_line = _master_view_line(data)
+    if view_line:
+        out.extend(['', view_line])
 
     prefills, decodes = data.get('prefills') or [], data.get('decodes') or []
     if prefills and decodes:
@@ -263,7 +321,7 @@ def bundle_status_host_rows(r):
         rows.append({'unit': 'mooncake-master', 'state': u.get('state'), 'status': u.get('status'), 'version': pkg.get('version'),
                      'health': hj.get('role', 'no answer') if ok
                      else 'unhealthy: ' + _trunc(hj.get('status') or h.get('msg') or 'no answer', 60),
-                     'health_ok': ok})
+                     'health_ok': ok, 'address': r.get('master_address'), 'leader_address': hj.get('leader_address')})
     if r.get('vllm_role'):
         versions, health = r.get('vllm_versions') or [], r.get('vllm_health') or []
         for n, inst in enumerate(r.get('vllm_instances') or []):
@@ -294,6 +352,30 @@ def bundle_status_host_rows(r):
     return [dict(row, host=r.get('host')) for row in rows]
 
 
+def bundle_status_etcd_view(r):
+    """etcd's master view as one member read it: {host, value ('ip:port' or None: no key), lease_ttl (seconds
+    left, None: no lease), granted_ttl, error (None when read)}; None when the member did not read it (no HA).
+    r: {host, range, lease}: what ansible.builtin.uri registered for /v3/kv/range and /v3/lease/timetolive."""
+    rng, lease = r.get('range') or {}, r.get('lease') or {}
+    if not rng or rng.get('skipped'):
+        return None
+    out = {'host': r.get('host'), 'value': None, 'lease_ttl': None, 'granted_ttl': None, 'error': None}
+    if rng.get('status', -1) != 200 or not isinstance(rng.get('json'), dict):
+        out['error'] = 'range %s %s' % (rng.get('status', -1), _trunc(rng.get('msg') or '', 60))
+        return out
+    kvs = rng['json'].get('kvs') or []
+    if not kvs:
+        return out
+    out['value'] = base64.b64decode(kvs[0].get('value') or '').decode(errors='replace')
+    if kvs[0].get('lease') and not lease.get('skipped'):
+        lj = lease.get('json') if lease.get('status', -1) == 200 else None
+        if not isinstance(lj, dict):
+            out['error'] = 'lease %s %s' % (lease.get('status', -1), _trunc(lease.get('msg') or '', 60))
+            return out
+        out['lease_ttl'], out['granted_ttl'] = int(lj.get('TTL', -1)), int(lj.get('grantedTTL', 0))
+    return out
+
+
 def bundle_status_units(expected, hostvars):
     """Every expected unit's row: a host's own rows (its _status_units fact) when it reported, else
     'unreachable' ones."""
@@ -317,4 +399,5 @@ class FilterModule(object):
             'bundle_status_expected': bundle_status_expected,
             'bundle_status_host_rows': bundle_status_host_rows,
             'bundle_status_units': bundle_status_units,
+            'bundle_status_etcd_view': bundle_status_etcd_view,
         }

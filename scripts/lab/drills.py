@@ -40,6 +40,10 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import load  # noqa: E402  (scripts/lab/load.py)
 from labinv import Lab as LabInventory, role_var  # noqa: E402  (the lab's names and addresses, from its inventory)
+import runpy  # noqa: E402
+# The masters' HA key in etcd (plugins/filter/mooncake_etcd.py, which status.yml and tests/infra read too).
+_SIBLINGS = runpy.run_path(str(REPO / "plugins" / "filter" / "siblings.py"))["load"]
+MOONCAKE_ETCD = _SIBLINGS("mooncake_etcd", REPO / "plugins" / "filter")
 
 GOAL_S = 30  # the recovery goal of every service whose start is not a model load
 
@@ -148,6 +152,17 @@ class Lab:
             roles[host] = json.loads(out).get("role", "?") if out else "down"
         return roles
 
+    def etcd_master_view(self):
+        """The masters' HA key as etcd holds it ('ip:port' of the leader's RPC address; '' when absent), read
+        with etcdctl on the first etcd member that answers, over the plain listener the masters use."""
+        key = MOONCAKE_ETCD.master_view_key(self.args.cluster_id)
+        for host in self.args.etcd:
+            res = sh(host, "etcdctl", f"--endpoints=http://{ip_of(host)}:{self.args.etcd_mooncake_port}",
+                     "get", key, "--print-value-only", check=False, timeout=15)
+            if res.returncode == 0:
+                return res.stdout.strip()
+        return None
+
     def store_round_trip(self):
         res = subprocess.run(
             [str(REPO / ".venv/bin/ansible-playbook"), "-i", self.args.inventory,
@@ -248,6 +263,9 @@ def failover_problems(r):
         out.append(f"{where}: the standby did not lead within {r['limit_s']} s{roles}: {r}")
     if r["old_leader_back_as_standby_s"] is None:
         out.append(f"{where}: the old leader did not come back as standby{roles}: {r}")
+    if r.get("etcd_names_new_leader_s") is None or r["etcd_names_new_leader_s"] > r["limit_s"]:
+        out.append(f"{where}: etcd's master view did not name the new leader ({r.get('new_leader_expected')}) "
+                   f"within {r['limit_s']} s of the kill; it holds {r.get('etcd_view_after')!r}: {r}")
     if r["store_ok_s"] is None or r["store_ok_s"] > r["store_limit_s"]:
         out.append(f"{where}: store put/get did not succeed within {r['store_limit_s']} s{roles}: {r}")
     return out
@@ -314,6 +332,9 @@ def main(argv=None):
     ap.add_argument("--etcd", nargs="+", default=inv.hosts("etcd"))
     ap.add_argument("--masters", nargs="+", default=inv.hosts("mooncake_master"))
     ap.add_argument("--master-metrics-port", type=int, default=int(inv.var("mooncake_master_metrics_port")))
+    ap.add_argument("--master-rpc-port", type=int, default=int(inv.var("mooncake_master_rpc_port")))
+    ap.add_argument("--etcd-mooncake-port", type=int, default=int(inv.var("etcd_mooncake_client_port")))
+    ap.add_argument("--cluster-id", default=inv.var("mooncake_cluster_id"))
     ap.add_argument("--prefill", default=":".join(map(str, first["vllm_prefill"])))
     ap.add_argument("--decode", default=":".join(map(str, first["vllm_decode"])))
     ap.add_argument("--limit", type=float, default=GOAL_S, help="recovery goal for etcd, master, router (and systemd's restart of any unit)")
@@ -374,6 +395,13 @@ def main(argv=None):
                                 and watch.now().get(leader) == "standby", args.limit) \
                     if new_leader is not None else None
                 back = None if back is None else time.monotonic() - t0
+                # etcd agrees: the masters' key names the new leader's RPC address (what vLLM's store
+                # clients and a restarted master read to find the leader).
+                now_leader = next((h for h, r in watch.now().items() if r == "leader"), None)
+                want = f"{ip_of(now_leader)}:{args.master_rpc_port}" if now_leader else None
+                etcd_named = wait_for(lambda: want is not None and lab.etcd_master_view() == want, args.limit) \
+                    if new_leader is not None else None
+                etcd_named = None if etcd_named is None else time.monotonic() - t0
                 store = wait_for(lab.store_round_trip, args.store_limit, step=1) if new_leader is not None else None
                 store = None if store is None else time.monotonic() - t0
             finally:
@@ -384,6 +412,8 @@ def main(argv=None):
                             "store_ok_s": None if store is None else round(store, 1),
                             "store_error": None if store is not None else lab.store_error,
                             "old_leader_back_as_standby_s": None if back is None else round(back, 1),
+                            "etcd_names_new_leader_s": None if etcd_named is None else round(etcd_named, 1),
+                            "etcd_view_after": lab.etcd_master_view(), "new_leader_expected": want,
                             "recovery_s": None if new_leader is None else round(new_leader, 1),
                             "recovery_epoch": None if new_leader is None else kill_epoch + new_leader,
                             "end_epoch": time.time(), "roles_timeline": watch.timeline(),

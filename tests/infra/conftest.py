@@ -224,16 +224,96 @@ def deployed_etcd_env(h):
     return out
 
 
+def etcd_tls_files(h, env=None):
+    """(CA bundle, client certificate, client key) on the member h when it runs TLS (the etcd role's files: the
+    bundle's client certificate, CN etcd-client), else None."""
+    env = env or deployed_etcd_env(h)
+    if 'ETCD_CERT_FILE' not in env:
+        return None
+    v = hvars(h)
+    return (env['ETCD_TRUSTED_CA_FILE'],
+            v.get('etcd_tls_client_cert_file', v['etcd_cert_dir'] + '/client.crt'),
+            v.get('etcd_tls_client_key_file', v['etcd_cert_dir'] + '/client.key'))
+
+
 def etcdctl(h, endpoints=None):
     """etcdctl command prefix for the deployed member: https with the CA bundle and the role's client
     certificate when the member has TLS on, plain http otherwise."""
     env = deployed_etcd_env(h)
     endpoints = endpoints or env['ETCD_ADVERTISE_CLIENT_URLS']
     cmd = 'etcdctl --endpoints=%s' % endpoints
-    if 'ETCD_CERT_FILE' in env:
-        v = hvars(h)
-        cmd += ' --cacert=%s --cert=%s --key=%s' % (
-            env['ETCD_TRUSTED_CA_FILE'],
-            v.get('etcd_tls_client_cert_file', v['etcd_cert_dir'] + '/client.crt'),
-            v.get('etcd_tls_client_key_file', v['etcd_cert_dir'] + '/client.key'))
+    tls = etcd_tls_files(h, env)
+    if tls:
+        cmd += ' --cacert=%s --cert=%s --key=%s' % tls
     return cmd
+
+
+def etcd_client(h, url=None):
+    """An etcd3gw client (tests/infra/etcd_gateway.py) of the member h, its requests sent by curl on h: its
+    advertised client URL (https with the CA bundle and the bundle's client certificate when TLS is on), or url
+    (e.g. Mooncake's plain listener, which takes no certificate)."""
+    import etcd_gateway  # needs etcd3gw (requirements.txt); only the tests that read etcd import it
+    env = deployed_etcd_env(h)
+    url = url or env['ETCD_ADVERTISE_CLIENT_URLS'].split(',')[0]
+    tls = etcd_tls_files(h, env) if url.startswith('https://') else None
+    args = ['--cacert', tls[0], '--cert', tls[1], '--key', tls[2]] if tls else []
+    return etcd_gateway.client(lambda cmd: run_as_root(h, cmd), url, args)
+
+
+# The master's env file (roles/mooncake_master/tasks/configure.yml).
+MASTER_ENV_FILE = '/etc/mooncake/master.env'
+
+
+def parse_master_args(text):
+    """{flag: value} of MOONCAKE_MASTER_ARGS="--flag=value ..." in a master env file."""
+    for line in text.splitlines():
+        if line.startswith('MOONCAKE_MASTER_ARGS='):
+            words = ' '.join(shlex.split(line.split('=', 1)[1])).split()
+            return dict(w[2:].partition('=')[::2] for w in words if w.startswith('--'))
+    raise AssertionError('no MOONCAKE_MASTER_ARGS in %s' % MASTER_ENV_FILE)
+
+
+def deployed_master_args(h):
+    """The arguments the master on h really runs with (its env file), not the inventory's."""
+    return parse_master_args(read_root_file(h, MASTER_ENV_FILE))
+
+
+def parse_listener_pids(out):
+    """{pid: {ports}} of `ss -Htlnp` output (the processes that hold each listening TCP socket)."""
+    import re
+    pids = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        port = int(fields[3].rpartition(':')[2])
+        for pid in re.findall(r'pid=(\d+)', line):
+            pids.setdefault(int(pid), set()).add(port)
+    return pids
+
+
+def parse_pid_units(out):
+    """{pid: 'unit.service'} of lines 'PID <contents of /proc/PID/cgroup>' (the systemd unit each runs in)."""
+    import re
+    units = {}
+    for line in out.splitlines():
+        pid, _, cgroup = line.partition(' ')
+        m = re.search(r'/([^/\s]+\.service)(?:/|\s|$)', cgroup)
+        if pid.isdigit() and m:
+            units[int(pid)] = m.group(1)
+    return units
+
+
+def unit_tcp_ports(h):
+    """{'unit.service': {ports}}: the TCP ports each systemd unit's processes listen on (as root: ss shows
+    other users' processes only to root)."""
+    pids = parse_listener_pids(run_as_root(h, 'ss -Htlnp').stdout)
+    if not pids:
+        return {}
+    cmd = 'for p in %s; do echo "$p $(tr "\\n" " " < /proc/$p/cgroup 2>/dev/null)"; done' % ' '.join(str(p) for p in pids)
+    units = parse_pid_units(run_as_root(h, cmd).stdout)
+    out = {}
+    for pid, ports in pids.items():
+        if pid in units:
+            out.setdefault(units[pid], set()).update(ports)
+    return out

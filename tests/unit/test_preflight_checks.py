@@ -90,6 +90,24 @@ def two_routers(first, second):
     return inv
 
 
+# The entry (role entry): two hosts with keys, a VIP in their /24, an interface and a VRRP password.
+ENTRY_GROUPS = dict(GROUPS, entry=["entry-1", "entry-2"])
+ENTRY_VARS = {"entry_keys": {"alice": "a" * 32, "ci": "c" * 32}, "entry_vip": "10.0.0.50", "entry_vip_interface": "eth0",
+              "entry_vrrp_password": "s3cr3t!"}
+
+
+def entry_inv(**values):
+    """INVENTORY with two entry hosts (ENTRY_VARS, updated by values on both)."""
+    inv = copy.deepcopy(INVENTORY)
+    for n, h in enumerate(["entry-1", "entry-2"]):
+        inv[h] = dict(ENTRY_VARS, ansible_host="10.0.0.5%d" % (n + 1), **values)
+    return inv
+
+
+# The good fleet knows the entry hosts (GROUPS has no entry group: nothing is checked on them there).
+INVENTORY.update({h: v for h, v in entry_inv().items() if h.startswith("entry-")})
+
+
 # check id -> (host, inventory, groups, substrings the message must contain besides the host and "Fix:")
 FAILING = {
     "groups_required": ("ctl-1", None, groups_with(vllm_router=None), ["no host in group vllm_router"]),
@@ -216,6 +234,14 @@ FAILING = {
                          ['router-1 has no usable cluster address', 'ansible_host="router-1.example.com"']),
     "addresses_distinct": ("ctl-1", with_vars("router-1", ansible_host="10.0.0.11"), None,
                            ["Hosts ctl-1 (ansible_host) and router-1 (ansible_host) share the address 10.0.0.11"]),
+    "entry_keys": ("entry-1", entry_inv(entry_keys={}), ENTRY_GROUPS,
+                   ["entry_keys on entry-1 is empty", "group_vars/entry/main.yml"]),
+    "entry_rate_limits": ("entry-1", entry_inv(entry_rate_limits={"bob": 5}), ENTRY_GROUPS,
+                          ['entry_rate_limits names "bob" on entry-1', "alice, ci"]),
+    "entry_tls_files": ("entry-1", entry_inv(entry_tls_cert_file="/nonexistent/entry.crt"), ENTRY_GROUPS,
+                        ['entry_tls_cert_file="/nonexistent/entry.crt" and entry_tls_key_file="" on entry-1']),
+    "entry_vip": ("ctl-1", entry_inv(entry_vip="10.0.5.50"), ENTRY_GROUPS,
+                  ["entry_vip=10.0.5.50 is outside the subnet of entry-1", "10.0.0.0/24"]),
 }
 
 
@@ -332,3 +358,47 @@ def test_router_api_keys_same_key_passes_and_values_never_show():
     assert "router-1: key #1; router-2: no key" in msg and "key-aaaa" not in msg
     (msg,) = run("router_api_keys", *FAILING["router_api_keys"][1:3])
     assert "key-aaaa" not in msg and "key-bbbb" not in msg
+
+
+@pytest.mark.parametrize("host", ["entry-1", "entry-2"])
+def test_good_entry_passes_every_check(host):
+    hv = fleet(entry_inv())
+    assert pc.host_errors(hv[host]["_preflight_cfg"], host, ENTRY_GROUPS, SPECS, []) == []
+    assert pc.fleet_errors(hv, ENTRY_GROUPS, SPECS, [], host, None) == []
+
+
+def test_entry_keys_are_never_shown():
+    bad = {"alice": "tiny-k3y", "bob": "has a blank in it here", "x y": "k" * 20, "c1": "d" * 20, "c2": "d" * 20}
+    msgs = run("entry_keys", entry_inv(entry_keys=bad), ENTRY_GROUPS, "entry-1")
+    text = " ".join(msgs)
+    assert "entry_keys[alice] on entry-1 is shorter than 16" in text and "entry_keys[bob]" in text
+    assert 'name "x y"' in text and "one key to the names c1, c2" in text
+    assert not any(k in text for k in ("tiny-k3y", "has a blank", "d" * 20))
+
+
+@pytest.mark.parametrize("values,expected", [
+    ({"entry_vip": ""}, "keepalived needs the IPv4 address"),
+    ({"entry_vip": "10.0.0.51"}, "entry_vip=10.0.0.51 is the address of entry-1"),
+    ({"entry_vip_interface": ""}, "entry_vip_interface is not set for entry-1"),
+    ({"entry_vrrp_password": "longer-than-8"}, "not 1-8 characters"),
+    ({"entry_vrrp_router_id": 300}, "entry_vrrp_router_id=300"),
+    ({"entry_vip_prefix": 16, "entry_vip": "10.0.200.1"}, None),
+])
+def test_entry_vip_cases(values, expected):
+    msgs = run("entry_vip", entry_inv(**values), ENTRY_GROUPS, "ctl-1")
+    assert (expected is None and msgs == []) or (expected and expected in " ".join(msgs) and "Fix:" in " ".join(msgs)), msgs
+    assert "longer-than-8" not in " ".join(msgs)
+
+
+def test_entry_vip_differs_between_hosts_and_one_host_needs_none():
+    inv = entry_inv()
+    inv["entry-2"]["entry_vip"] = "10.0.0.60"
+    assert "entry_vip differs between the entry hosts" in " ".join(run("entry_vip", inv, ENTRY_GROUPS, "ctl-1"))
+    one = dict(GROUPS, entry=["entry-1"])
+    assert run("entry_vip", entry_inv(entry_vip="", entry_vip_interface=""), one, "ctl-1") == []
+
+
+def test_entry_ports_in_the_listener_table():
+    hv = fleet(entry_inv(entry_check_port=8443, entry_port=8443))
+    msgs = pc.host_errors(hv["entry-1"]["_preflight_cfg"], "entry-1", ENTRY_GROUPS, SPECS, [])
+    assert any("Port collision on entry-1" in m and "entry_port" in m for m in msgs), msgs

@@ -218,3 +218,74 @@ def test_expected_units_and_unreachable_hosts():
     assert rows[0] == {"host": "e1", "unit": "etcd"}
     assert [(r["host"], r["unit"], r["state"]) for r in rows[1:]] == [("p1", "vllm@a", "unreachable"),
                                                                       ("r1", "vllm-router", "unreachable")]
+
+
+# --- etcd's master view beside the masters' own (HA masters) ---------------------------------------------------
+
+def ha_lab(value="10.0.0.1:50051", lease_ttl=4):
+    data = green_lab()
+    data["units"][1].update(address="10.0.0.1:50051", leader_address="10.0.0.1:50051")
+    data["units"][2].update(address="10.0.0.2:50051", leader_address="10.0.0.1:50051")
+    data["master_ha"] = True
+    data["master_views"] = [None, {"host": "e1", "value": value, "lease_ttl": lease_ttl, "granted_ttl": 5, "error": None}]
+    return data
+
+
+def _view_line(table):
+    return next(ln for ln in table.splitlines() if "Master leader:" in ln)
+
+
+def test_etcd_master_view_agreeing_is_green_and_shown():
+    data = ha_lab()
+    assert status.bundle_status_red(data) == []
+    line = _view_line(status.bundle_status_table(data))
+    assert line == ("ok Master leader: masters say e1 (10.0.0.1:50051); "
+                    "etcd says e1 (10.0.0.1:50051), lease TTL 4 of 5 s, read on e1")
+
+
+def test_etcd_master_view_naming_another_master_is_red():
+    data = ha_lab(value="10.0.0.2:50051")
+    red = status.bundle_status_red(data)
+    assert red == ["mooncake-master: e1 reports leader, but etcd names e2 (10.0.0.2:50051)",
+                   "mooncake-master: e1 (leader) follows 10.0.0.1:50051, but etcd names 10.0.0.2:50051",
+                   "mooncake-master: e2 (standby) follows 10.0.0.1:50051, but etcd names 10.0.0.2:50051"]
+    table = status.bundle_status_table(data)
+    assert table.splitlines()[0] == "CLUSTER lab: RED, 3 problems"
+    assert _view_line(table).startswith("RED Master leader: masters say e1 (10.0.0.1:50051); etcd says e2 (10.0.0.2:50051)")
+
+
+def test_etcd_master_view_without_live_lease_or_key_or_read_is_red():
+    assert status.bundle_status_red(ha_lab(lease_ttl=-1)) == [
+        "mooncake-master: etcd master view: 10.0.0.1:50051 has no live lease (TTL -1): it outlives its writer"]
+    assert status.bundle_status_red(ha_lab(value=None)) == [
+        "mooncake-master: etcd master view: no key (no master holds the leadership in etcd)"]
+    data = ha_lab()
+    data["master_views"] = [{"host": "e1", "error": "range -1 Connection refused"}]
+    assert status.bundle_status_red(data) == ["mooncake-master: etcd master view: not read (e1: range -1 Connection refused)"]
+
+
+def test_etcd_master_view_is_not_compared_without_ha():
+    data = ha_lab(value="10.0.0.2:50051")
+    data["master_ha"] = False
+    assert status.bundle_status_red(data) == []
+    assert "Master leader:" not in status.bundle_status_table(data)
+
+
+def test_etcd_view_from_uri_results():
+    rng = {"status": 200, "json": {"kvs": [{"key": "bW9vbmNha2Utc3RvcmUvcGQtbW9vbmNha2UvbWFzdGVyX3ZpZXc=",
+                                            "value": "MTcyLjMwLjAuMTE6NTAwNTE=", "lease": "2930332852729446406"}]}}
+    lease = {"status": 200, "json": {"ID": "2930332852729446406", "TTL": "4", "grantedTTL": "5"}}
+    assert status.bundle_status_etcd_view({"host": "etcd1", "range": rng, "lease": lease}) == {
+        "host": "etcd1", "value": "172.30.0.11:50051", "lease_ttl": 4, "granted_ttl": 5, "error": None}
+    assert status.bundle_status_etcd_view({"host": "etcd1", "range": {"status": 200, "json": {"count": "0"}},
+                                           "lease": {"skipped": True}})["value"] is None
+    assert status.bundle_status_etcd_view({"host": "p1", "range": {"skipped": True}}) is None
+    failed = status.bundle_status_etcd_view({"host": "etcd1", "range": {"status": -1, "msg": "Connection refused"}})
+    assert failed["error"] == "range -1 Connection refused"
+
+
+def test_master_rows_carry_their_address_and_whom_they_follow():
+    r = {"host": "e2", "master": True, "services": _svc("mooncake-master"), "master_address": "10.0.0.2:50051",
+         "master_health": {"status": 200, "json": {"status": "ok", "role": "standby", "leader_address": "10.0.0.1:50051"}}}
+    row = status.bundle_status_host_rows(r)[0]
+    assert (row["address"], row["leader_address"], row["health"]) == ("10.0.0.2:50051", "10.0.0.1:50051", "standby")

@@ -1,0 +1,247 @@
+"""The entry's HAProxy config (templates/entry/haproxy.cfg.j2), rendered with the role's defaults and checked
+by the real HAProxy: `haproxy -c`, then a live HAProxy on 127.0.0.1 in front of a python http.server that stands
+for the routers. No key -> 401, a wrong key -> 401, a good key -> 200 on /v1/models (without the client's key
+reaching the router), router admin paths -> 404 even with a good key, the access log names the key and never
+shows it, TLS 1.1 refused, h2 offered, a revoked key -> 401 after a reload, per-key rate limit -> 429.
+Skipped only when haproxy is not installed (scripts/install-deps.sh installs it)."""
+import hashlib
+import http.client
+import http.server
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+HAPROXY = shutil.which('haproxy') or ('/usr/sbin/haproxy' if os.path.exists('/usr/sbin/haproxy') else None)
+pytestmark = pytest.mark.skipif(HAPROXY is None, reason='haproxy is not installed (scripts/install-deps.sh)')
+
+KEYS = {'alice': 'alice-key-0123456789abcdef', 'ci': 'ci-key-fedcba9876543210'}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def defaults():
+    return yaml.safe_load((REPO / 'roles' / 'entry' / 'defaults' / 'main.yml').read_text())
+
+
+def render(tmp, backends, **overrides):
+    """haproxy.cfg as the role renders it: its defaults, the inventory's overrides, the role's internals."""
+    v = defaults()
+    v.update(overrides)
+    v.update(_entry_pem=str(tmp / 'entry.pem'), _entry_keys_map=str(tmp / 'keys.map'),
+             _entry_limits_map=str(tmp / 'rate-limits.map'), _entry_backends=backends,
+             _entry_rate_limited=int(v['entry_rate_limit_default']) > 0 or any(int(n) > 0 for n in v['entry_rate_limits'].values()))
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    write_maps(tmp, v['entry_keys'], v['entry_rate_limits'], env)
+    return env.get_template('entry/haproxy.cfg.j2').render(v)
+
+
+def write_maps(tmp, keys, limits, env=None):
+    env = env or jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), keep_trailing_newline=True)
+    digests = sorted([hashlib.sha256(k.encode()).hexdigest(), n] for n, k in keys.items())
+    (tmp / 'keys.map').write_text(env.get_template('entry/keys.map.j2').render(_entry_key_digests=digests))
+    (tmp / 'rate-limits.map').write_text(env.get_template('entry/rate-limits.map.j2').render(entry_rate_limits=limits))
+
+
+def not_root(cfg):
+    """The test runs HAProxy as the calling user: no user/group switch."""
+    return re.sub(r'^\s+(user|group) haproxy\n', '', cfg, flags=re.M)
+
+
+def make_cert(tmp):
+    subprocess.run(['openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
+                    '-keyout', str(tmp / 'key.pem'), '-out', str(tmp / 'cert.pem'), '-days', '2', '-subj', '/CN=entry',
+                    '-addext', 'subjectAltName=IP:127.0.0.1'], check=True, capture_output=True)
+    (tmp / 'entry.pem').write_text((tmp / 'cert.pem').read_text() + (tmp / 'key.pem').read_text())
+
+
+def test_rendered_config_passes_haproxy_check(tmp_path):
+    make_cert(tmp_path)
+    backends = [{'name': 'router-1', 'address': '10.10.0.41', 'port': 8000},
+                {'name': 'router-2', 'address': '10.10.0.42', 'port': 8000}]
+    for extra in ({}, {'entry_rate_limits': {'ci': 20}}, {'entry_rate_limit_default': 100}):
+        cfg = tmp_path / 'haproxy.cfg'
+        cfg.write_text(render(tmp_path, backends, entry_keys=KEYS, **extra))
+        res = subprocess.run([HAPROXY, '-c', '-f', str(cfg)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+        text = cfg.read_text()
+        assert 'retry-on conn-failure empty-response' in text and 'option redispatch' in text
+        assert 'option httpchk GET /readiness' in text and 'ssl-min-ver TLSv1.2' in text and 'alpn h2,http/1.1' in text
+        assert all(k not in text for k in KEYS.values())
+        assert ('track-sc0' in text) == bool(extra)
+
+
+class Router(http.server.BaseHTTPRequestHandler):
+    seen = []
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        Router.seen.append((self.path, self.headers.get('Authorization')))
+        body = b'{"object":"list","data":[]}'
+        self.send_response(200)
+        self.send_header('Content-Type', 'application/json')
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def entry(tmp_path):
+    make_cert(tmp_path)
+    router = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Router)
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    port, check_port = free_port(), free_port()
+    cfg = tmp_path / 'haproxy.cfg'
+    cfg.write_text(not_root(render(tmp_path, [{'name': 'router-1', 'address': '127.0.0.1', 'port': router.server_port}],
+                                   entry_keys=KEYS, entry_port=port, entry_bind_address='127.0.0.1',
+                                   entry_check_port=check_port, entry_router_check_interval='200ms',
+                                   entry_rate_limits={'ci': 3}, entry_rate_limit_period='30s')))
+    log = open(tmp_path / 'haproxy.log', 'w+')
+    proc = subprocess.Popen([HAPROXY, '-W', '-db', '-f', str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            try:
+                if request(port, tmp_path, '/healthz')[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail('haproxy did not become healthy: ' + (tmp_path / 'haproxy.log').read_text())
+        yield {'port': port, 'tmp': tmp_path, 'proc': proc, 'log': tmp_path / 'haproxy.log', 'check_port': check_port}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        router.shutdown()
+        log.close()
+
+
+def context(tmp):
+    ctx = ssl.create_default_context(cafile=str(tmp / 'cert.pem'))
+    ctx.set_alpn_protocols(['h2', 'http/1.1'])
+    return ctx
+
+
+def request(port, tmp, path, key=None, method='GET', scheme='Bearer'):
+    ctx = ssl.create_default_context(cafile=str(tmp / 'cert.pem'))
+    conn = http.client.HTTPSConnection('127.0.0.1', port, context=ctx, timeout=5)
+    headers = {'Authorization': '%s %s' % (scheme, key)} if key else {}
+    conn.request(method, path, headers=headers)
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    return resp.status, body
+
+
+def test_auth_paths_and_log(entry):
+    port, tmp = entry['port'], entry['tmp']
+    Router.seen.clear()
+    assert request(port, tmp, '/v1/models')[0] == 401
+    assert request(port, tmp, '/v1/models', key='not-a-key')[0] == 401
+    assert request(port, tmp, '/v1/models', key=KEYS['alice'], scheme='Basic')[0] == 401
+    assert request(port, tmp, '/v1/models', key=KEYS['alice'])[0] == 200
+    assert request(port, tmp, '/v1/models', key=KEYS['alice'], scheme='bearer')[0] == 200
+    for path in ('/remove_worker?url=http://x', '/add_worker', '/workers', '/list_workers', '/metrics', '/health',
+                 '/v1/../remove_worker', '/v1/%2e%2e/remove_worker', '/v1%2fremove_worker', '//remove_worker'):
+        for method in ('GET', 'POST'):
+            status, _ = request(port, tmp, path, key=KEYS['alice'], method=method)
+            assert status in (403, 404), (path, method, status)
+    assert {p for p, _ in Router.seen} <= {'/v1/models', '/readiness'}, Router.seen  # nothing else reached the router
+    # The client's key stays on the entry: the router sees no Authorization header.
+    assert all(auth is None for p, auth in Router.seen if p.startswith('/v1/'))
+    time.sleep(0.5)
+    log = entry['log'].read_text()
+    assert 'key="alice"' in log, log
+    assert all(k not in log for k in KEYS.values()), log
+    assert 'remove_worker' in log  # refused requests are logged too
+
+
+def test_health_without_key(entry):
+    assert request(entry['port'], entry['tmp'], '/healthz')[0] == 200
+    conn = http.client.HTTPConnection('127.0.0.1', entry['check_port'], timeout=5)
+    conn.request('GET', '/healthz')
+    assert conn.getresponse().status == 200
+
+
+@pytest.mark.filterwarnings('ignore::DeprecationWarning')
+def test_tls(entry):
+    port, tmp = entry['port'], entry['tmp']
+    with socket.create_connection(('127.0.0.1', port)) as raw, context(tmp).wrap_socket(raw, server_hostname='127.0.0.1') as s:
+        assert s.version() in ('TLSv1.2', 'TLSv1.3') and s.selected_alpn_protocol() == 'h2'
+    old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    old.check_hostname, old.verify_mode = False, ssl.CERT_NONE
+    old.set_ciphers('DEFAULT:@SECLEVEL=0')
+    old.minimum_version, old.maximum_version = ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1
+    with pytest.raises(ssl.SSLError):
+        with socket.create_connection(('127.0.0.1', port)) as raw, old.wrap_socket(raw) as s:
+            s.do_handshake()
+
+
+def test_revoke_is_a_reload(entry):
+    port, tmp, proc = entry['port'], entry['tmp'], entry['proc']
+    conn = http.client.HTTPSConnection('127.0.0.1', port, context=ssl.create_default_context(cafile=str(tmp / 'cert.pem')))
+    conn.request('GET', '/v1/models', headers={'Authorization': 'Bearer ' + KEYS['alice']})
+    assert conn.getresponse().read() and True
+    write_maps(tmp, {'ci': KEYS['ci']}, {'ci': 3})  # alice revoked
+    proc.send_signal(signal.SIGUSR2)  # what `systemctl reload haproxy` sends the master
+    deadline = time.time() + 10
+    while request(port, tmp, '/v1/models', key=KEYS['alice'])[0] != 401:
+        assert time.time() < deadline, 'alice still accepted after the reload'
+        time.sleep(0.2)
+    assert proc.poll() is None  # the same master: a reload, not a restart
+    assert request(port, tmp, '/v1/models', key=KEYS['ci'])[0] == 200
+
+
+def test_rate_limit_per_key(entry):
+    port, tmp = entry['port'], entry['tmp']
+    statuses = [request(port, tmp, '/v1/models', key=KEYS['ci'])[0] for _ in range(5)]
+    assert statuses[:3] == [200, 200, 200] and statuses[3:] == [429, 429], statuses
+    assert all(request(port, tmp, '/v1/models', key=KEYS['alice'])[0] == 200 for _ in range(5))  # no limit for alice
+
+
+KEEPALIVED = shutil.which('keepalived') or ('/usr/sbin/keepalived' if os.path.exists('/usr/sbin/keepalived') else None)
+
+
+@pytest.mark.skipif(KEEPALIVED is None, reason='keepalived is not installed (scripts/install-deps.sh)')
+def test_keepalived_config_passes_its_check(tmp_path):
+    # keepalived -t wants the interface to exist and not be loopback.
+    nics = sorted(n for n in os.listdir('/sys/class/net') if n != 'lo')
+    if not nics:
+        pytest.skip('no network interface but lo')
+    v = defaults()
+    v.update(entry_vip='10.10.0.50', entry_vip_interface=nics[0], entry_vrrp_password='s3cr3t!', _entry_address='10.10.0.51',
+             _entry_peers=['10.10.0.52'], _entry_vrrp_priority=150, inventory_hostname='entry-1')
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), undefined=jinja2.StrictUndefined)
+    cfg = tmp_path / 'keepalived.conf'
+    cfg.write_text(env.get_template('entry/keepalived.conf.j2').render(v))
+    assert 'unicast_peer' in cfg.read_text() and 'track_script' in cfg.read_text()
+    # The role's validator (roles/entry/vars/main.yml): keepalived -t prints problems, exits 0 or by SIGTERM.
+    validate = yaml.safe_load((REPO / 'roles' / 'entry' / 'vars' / 'main.yml').read_text())['_entry_keepalived_validate']
+    argv = ['/bin/sh', '-c', validate.split("'")[1], '_']
+    res = subprocess.run(argv + [str(cfg)], capture_output=True, text=True, start_new_session=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = tmp_path / 'bad.conf'
+    bad.write_text(cfg.read_text().replace('virtual_router_id 51', 'virtual_router_id 999'))
+    res = subprocess.run(argv + [str(bad)], capture_output=True, text=True, start_new_session=True)
+    assert res.returncode != 0 and 'VRID' in res.stdout, res.stdout + res.stderr
