@@ -17,10 +17,12 @@ Pure functions (no Ansible state), unit-tested in tests/unit/test_preflight_filt
 - preflight_example_secrets:  vault data in the inventory that the repo's own TEST-ONLY / LAB-ONLY passwords decrypt
 - preflight_load_roles:       those files read: every role's defaults merged, and each role's main argument spec
                               ({role, file, groups, options}) for the checks (plugins/filter/preflight_checks.py)
-- preflight_spec_failures:    a failed validate_argument_spec loop as one message per role
+- preflight_spec_failures:    a failed validate_argument_spec loop as one message per refused variable (its host, value,
+                              the declared type/choices and the fix)
 """
 import glob
 import ipaddress
+import json
 import os
 import re
 
@@ -177,26 +179,28 @@ def router_override_errors(prefill_urls, decode_urls, prefills, decodes):
 
     prefill_urls: vllm_router_prefill_urls ([{url, bootstrap_port}]); decode_urls: vllm_router_decode_urls ([url]).
     prefills: [{url, bootstrap_port, where}] of every prefill instance; decodes: [{url, where}].
+    The types (a list of {url, bootstrap_port} dicts, a list of strings) are the vllm_router role's argument spec's;
+    what has another type is skipped here. A string of decode URLs is refused: the spec's list type splits it on
+    commas, but the role reads the value as written.
     """
     errs = []
     known_p = {str(p['url']).rstrip('/'): p for p in prefills or []}
     known_d = {str(d['url']).rstrip('/'): d for d in decodes or []}
-    if not isinstance(prefill_urls, list):
-        errs.append('vllm_router_prefill_urls must be a list of {url, bootstrap_port}, not %r' % (prefill_urls,))
-        prefill_urls = []
-    if not isinstance(decode_urls, list):
-        errs.append('vllm_router_decode_urls must be a list of URLs, not %r' % (decode_urls,))
-        decode_urls = []
+    if isinstance(decode_urls, str):
+        errs.append('vllm_router_decode_urls must be a YAML list of URLs, not the string %r' % (decode_urls,))
+    prefill_urls = prefill_urls if isinstance(prefill_urls, list) else []
+    decode_urls = decode_urls if isinstance(decode_urls, list) else []
     for i, entry in enumerate(prefill_urls):
         if not isinstance(entry, dict) or 'url' not in entry:
-            errs.append('vllm_router_prefill_urls[%d]=%r is not a dict with url and bootstrap_port' % (i, entry))
-            continue
+            continue  # the spec's (a dict with url and bootstrap_port)
         url = str(entry['url']).rstrip('/')
         if url not in known_p:
             errs.append('vllm_router_prefill_urls[%d].url=%s is not a prefill instance of the inventory (known: %s)'
                         % (i, url, ', '.join(sorted(known_p)) or 'none'))
             continue
         bp = entry.get('bootstrap_port')
+        if not is_intlike(bp):
+            continue  # the spec's (an integer)
         if not is_port(bp):
             errs.append('vllm_router_prefill_urls[%d].bootstrap_port=%r is not a port (1-65535)' % (i, bp))
         elif int(bp) != int(known_p[url]['bootstrap_port']):
@@ -269,17 +273,105 @@ def load_roles(roles_dir, role_groups=None):
     return {'defaults': defaults, 'specs': specs}
 
 
-def spec_failures(failed_result):
-    """'role R (FILE): errors.' for each failed item of a validate_argument_spec loop over load_roles' specs."""
+# How a spec failure names the declared type and its fix (types themselves live only in the specs).
+_TYPE_WORDS = {'int': 'an integer', 'float': 'a number', 'bool': 'a boolean', 'str': 'a string', 'path': 'a path',
+               'list': 'a list', 'dict': 'a dict (mapping)'}
+_PLURALS = {'int': 'integers', 'float': 'numbers', 'bool': 'booleans', 'str': 'strings', 'path': 'paths',
+            'dict': 'dicts'}
+_TYPE_FIXES = {'bool': 'true or false (unquoted)', 'dict': 'a YAML mapping (name: value)',
+               'list': 'a YAML list (one item per entry, e.g. [a, b])'}
+
+
+def _spec_errors(opt, value):
+    """The errors of Ansible's own argument spec validator (what validate_argument_spec runs) for value."""
+    import copy
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    return ArgumentSpecValidator({'value': copy.deepcopy(dict(opt))}).validate({'value': value}).error_messages
+
+
+def _declared(opt):
+    parts = ['type: %s' % opt.get('type', 'str')]
+    parts += ['elements: %s' % opt['elements']] if opt.get('elements') else []
+    parts += ['choices: [%s]' % ', '.join(str(c) for c in opt['choices'])] if 'choices' in opt else []
+    return ', '.join(parts)
+
+
+def _type_fix(opt):
+    kind = opt.get('type', 'str')
+    if kind == 'list' and opt.get('elements'):
+        return 'a YAML list of %s (one item per entry)' % _PLURALS.get(opt['elements'], opt['elements'])
+    fix = _TYPE_FIXES.get(kind, _TYPE_WORDS.get(kind, kind))
+    default = opt.get('default')
+    if kind in ('int', 'float', 'str') and default is not None and not _is_template(default):
+        fix += ', e.g. %s' % json.dumps(default)
+    return fix
+
+
+def _option_failures(label, opt, value, host, where):
+    """Friendly messages for value of one spec option that the spec refuses: the variable (an instance's key as
+    var[name].key), the host, what the spec declares and the fix; [] when the spec takes the value."""
+    if not _spec_errors(opt, value):
+        return []
+    shown = '(value not shown)' if opt.get('no_log') else json.dumps(value, default=str)
+    subs, kind = opt.get('options'), opt.get('type')
+    items = value if kind == 'list' else [value] if kind == 'dict' else None
+    if subs and isinstance(items, list) and items and all(isinstance(i, dict) for i in items):
+        out = []
+        for n, item in enumerate(items):
+            at = '%s[%s]' % (label, item.get('name', n)) if kind == 'list' else label
+            unknown = [str(k) for k in item if k not in subs]
+            missing = [k for k, o in subs.items() if o.get('required') and item.get(k) is None]
+            if unknown:
+                out.append('%s on %s has unknown key(s) %s (%s declares the keys %s). Fix: correct the key\'s name, '
+                           'or remove it.' % (at, host, ', '.join(unknown), where, ', '.join(subs)))
+            if missing:
+                out.append('%s on %s lacks the required key(s) %s (%s). Fix: add %s to it.'
+                           % (at, host, ', '.join(missing), where, ', '.join(missing)))
+            out += [m for k, o in subs.items() if k in item
+                    for m in _option_failures('%s.%s' % (at, k), o, item[k], host, where)]
+        if out:
+            return out
+    if 'choices' in opt and not _spec_errors({k: v for k, v in opt.items() if k != 'choices'}, value):
+        choices = ', '.join(str(c) for c in opt['choices'])
+        desc = opt.get('description') or ''
+        desc = ' '.join(str(d) for d in desc) if isinstance(desc, list) else str(desc)
+        return ['%s=%s on %s is not one of: %s (%s declares %s). Fix: set %s to one of: %s.%s'
+                % (label, shown, host, choices, where, _declared(opt), label, choices, ' ' + desc if desc else '')]
+    what = _TYPE_WORDS.get(kind or 'str', kind)
+    if kind == 'list' and opt.get('elements'):
+        what = 'a list of %s' % _PLURALS.get(opt['elements'], opt['elements'])
+    return ['%s=%s on %s is not %s (%s declares %s). Fix: set %s to %s.'
+            % (label, shown, host, what, where, _declared(opt), label, _type_fix(opt))]
+
+
+def spec_failures(failed_result, host=None, host_vars=None):
+    """Messages for the failed items (or items with argument_errors) of a validate_argument_spec loop over
+    load_roles' specs.
+
+    With the host and its variables (hostvars[inventory_hostname]) each refused variable is named with its
+    value, the host, what the spec declares (type, elements, choices, an instance's keys) and the fix, from the
+    spec itself and Ansible's own validator; otherwise (or for what that cannot place) 'role R (FILE): errors.'.
+    """
     failed_result = failed_result or {}
     results = failed_result.get('results') if 'results' in failed_result else [failed_result]
     out = []
     for res in results or []:
-        if not res.get('failed'):
+        if not (res.get('failed') or res.get('argument_errors')):  # failed_when: false keeps the errors
             continue
         item = res.get('item') or {}
+        where = item.get('file', '?')
+        named = []
+        for var, opt in (item.get('options') or {}).items() if host_vars is not None else []:
+            try:
+                if not isinstance(opt, dict) or var not in host_vars:
+                    continue
+                named += _option_failures(var, opt, host_vars[var], host or '?', where)
+            except Exception:  # noqa: BLE001 - no validator, or a value that cannot be templated: the raw errors
+                continue
         errors = res.get('argument_errors') or [res.get('msg', '')]
-        out.append('role %s (%s): %s.' % (item.get('role', '?'), item.get('file', '?'), '; '.join(str(e) for e in errors)))
+        out += named or ['role %s (%s)%s: %s. Fix: give each named variable what the spec declares (the role\'s '
+                         'README lists the variables).' % (item.get('role', '?'), where, ' on %s' % host if host else '',
+                                                           '; '.join(str(e) for e in errors))]
     return out
 
 

@@ -10,8 +10,12 @@ The tasks of roles/preflight only call the two filters and assert that the list 
 Inputs are plain data:
 - cfg:      a host's effective settings (_preflight_cfg: the roles' defaults overlaid by the inventory)
 - groups:   the inventory's groups ({group: [host, ...]})
-- specs:    the roles' main argument specs ([{role, file, groups, options}], preflight_load_roles). Types and
-            choices live there only: the enum and boolean checks read them.
+- specs:    the roles' main argument specs ([{role, file, groups, options}], preflight_load_roles). Types, choices
+            and an instance's keys live there only: tasks/argument_specs.yml validates them before these checks
+            run, so a check skips a value of another type (tests/unit/test_preflight_checks.py proves that no
+            check refuses a value only for what its spec declares). The checks say what a spec cannot: ranges,
+            formats, cross-variable rules, and a string where a spec types a list or dict (Ansible's list
+            type splits "a,b" on commas and its dict type parses "k=v", but the roles read the value as written).
 - hostvars: {host: {'_preflight_cfg': cfg, 'ansible_host': ..., 'common_host_ip': ...}} (Ansible's hostvars
             fits; the fleet checks read each host's cfg and its address as bundle_host_ip does)
 - skip:     preflight_skip, the check classes not to run (each check belongs to one class, CHECKS below)
@@ -91,12 +95,6 @@ def _roles(host, groups):
     return r
 
 
-def _runs(spec, host, groups):
-    """Whether host runs the role of spec (its groups, 'all' = every host)."""
-    wanted = spec.get('groups') or ['all']
-    return 'all' in wanted or any(host in ((groups or {}).get(g) or []) for g in wanted)
-
-
 def _option(specs, var, role=None):
     """The option var of role's spec, else of the first spec that declares it ({} if none)."""
     for spec in sorted(specs or [], key=lambda s: s.get('role') != role):
@@ -106,9 +104,32 @@ def _option(specs, var, role=None):
     return {}
 
 
-def _describe(opt):
-    desc = opt.get('description') or ''
-    return ' '.join(str(d) for d in desc) if _is_list(desc) else str(desc)
+def _int(value):
+    """value as an int (an int or a string of digits, never a bool), None otherwise: another type is the spec's
+    to refuse, so range checks skip it."""
+    return _rules._int(value)
+
+
+def _lax_string(specs, value, var, key=None):
+    """Whether value is a string that the spec of var (key: a vllm_instances item's key) takes although it types a
+    list or dict: Ansible's list type splits "a,b" on commas and its dict type parses "k=v", but the roles read the
+    value as written. Asked of Ansible's own validator; a string the spec refuses is the spec's to name."""
+    if not isinstance(value, str):
+        return False
+    opt = _option(specs, var, 'vllm' if var == 'vllm_instances' else None)
+    opt = (opt.get('options') or {}).get(key) or {} if key else opt
+    if opt.get('type') not in ('list', 'dict'):
+        return not opt  # no spec to say it (a check called without specs): refuse the string
+    try:
+        return not _pf._spec_errors(opt, value)
+    except Exception:  # noqa: BLE001 - no validator (Ansible missing): refuse the string
+        return True
+
+
+def _port(value):
+    """False only for an integer outside 1-65535 (a port setting's type is its spec's)."""
+    n = _int(value)
+    return n is None or 1 <= n <= 65535
 
 
 def _instances(cfg):
@@ -205,48 +226,13 @@ def groups_master_ha_etcd(hostvars, groups, specs, host):
 # --- settings of every host ---------------------------------------------------------------------------
 
 @check('booleans')
-def booleans(cfg, host, groups, specs):
-    """Every variable a role's spec types bool, wherever it is set: a real true/false."""
-    seen, out = set(), []
-    for spec in specs or []:
-        for var, opt in (spec.get('options') or {}).items():
-            if var in seen or not isinstance(opt, dict) or opt.get('type') != 'bool' or var not in cfg:
-                continue
-            seen.add(var)
-            if not _pf.is_boollike(cfg[var]):
-                out.append('%s=%s on %s is not a boolean. Fix: set %s to true or false (unquoted).'
-                           % (var, _j(cfg[var]), host, var))
-    return out
-
-
-@check('booleans')
 def booleans_master_ha(cfg, host, groups, specs):
+    """auto or a boolean: a union its spec (type raw) cannot declare."""
     value = cfg.get('mooncake_master_ha', 'auto')
     if str(value) == 'auto' or _pf.is_boollike(value):
         return []
     return ['mooncake_master_ha=%s on %s is not supported. Fix: set mooncake_master_ha to auto (HA when 2+ masters), '
             'true or false.' % (_j(value), host)]
-
-
-@check('enums')
-def enums(cfg, host, groups, specs):
-    """Every variable with choices in the spec of a role this host runs: one of them."""
-    seen, out = set(), []
-    for spec in specs or []:
-        if not _runs(spec, host, groups):
-            continue
-        for var, opt in (spec.get('options') or {}).items():
-            if var in seen or not isinstance(opt, dict) or 'choices' not in opt or var not in cfg:
-                continue
-            seen.add(var)
-            choices, value = list(opt['choices']), cfg[var]
-            values = value if opt.get('type') == 'list' and _is_list(value) else [value]
-            if all(v in choices for v in values):
-                continue
-            hint = _describe(opt)
-            out.append('%s=%s on %s is not supported. Fix: set %s to one of: %s.%s'
-                       % (var, _j(value), host, var, ', '.join(str(c) for c in choices), ' ' + hint if hint else ''))
-    return out
 
 
 @check('args')
@@ -259,6 +245,8 @@ def args_tokens(cfg, host, groups, specs):
         if var not in cfg:
             continue
         value = cfg[var]
+        if not (_is_list(value) or _lax_string(specs, value, var)):
+            continue  # another type: its spec (a list) refuses it
         bad = _pf.bad_tokens(value)
         if _is_list(value) and not bad:
             continue
@@ -298,8 +286,10 @@ def sizes_store_config(cfg, host, groups, specs):
     if not _roles(host, groups)['vllm']:
         return []
     store = cfg.get('vllm_mooncake_store_config', {})
-    if not isinstance(store, dict):
-        what = 'is not a dict'
+    if _lax_string(specs, store, 'vllm_mooncake_store_config'):
+        what = 'is a string, not a dict (a YAML mapping)'
+    elif not isinstance(store, dict):
+        return []  # another type: its spec (a dict) refuses it
     else:
         both = [(new, old) for old, new in _bundle.LEGACY_STORE_FIELDS.items() if new in store and old in store]
         if not both:
@@ -315,7 +305,7 @@ def firewall_sources(cfg, host, groups, specs):
     if not _truthy(cfg.get('firewall_enabled'), False):
         return []
     sources = cfg.get('firewall_extra_sources', [])
-    sources = sources if _is_list(sources) else [sources]
+    sources = [sources] if isinstance(sources, str) else sources if _is_list(sources) else []
     return ['firewall_extra_sources entry %s on %s is not an IPv4/IPv6 address or network (a network must not have '
             'host bits set: 10.10.9.0/24, not 10.10.9.5/24). Fix: list addresses or networks, e.g. '
             '[10.10.9.0/24, 10.10.9.5, "fd00::/64"].' % (_j(s), host) for s in sources if not _pf.is_cidr(s)]
@@ -327,7 +317,7 @@ def firewall_public_ports(cfg, host, groups, specs):
         return []
     return ['%s=%s on %s is not a list of ports. Fix: a YAML list of integers 1-65535, e.g. [22].' % (var, _j(cfg[var]), host)
             for var in ('firewall_public_tcp_ports', 'firewall_public_udp_ports')
-            if var in cfg and not (_is_list(cfg[var]) and all(_pf.is_port(p) for p in cfg[var]))]
+            if var in cfg and (_lax_string(specs, cfg[var], var) or (_is_list(cfg[var]) and not all(_port(p) for p in cfg[var])))]
 
 
 # --- settings of prefill/decode hosts -----------------------------------------------------------------
@@ -344,7 +334,7 @@ def packages_versions(cfg, host, groups, specs):
 
 @check('packages')
 def packages_wheel(cfg, host, groups, specs):
-    """The Mooncake wheel fits the platform and vLLM's CUDA major (an unknown wheel: enums)."""
+    """The Mooncake wheel fits the platform and vLLM's CUDA major (an unknown wheel: the spec's choices)."""
     if not _roles(host, groups)['vllm']:
         return []
     platform, wheel = cfg.get('vllm_platform'), cfg.get('mooncake_package')
@@ -360,10 +350,10 @@ def packages_wheel(cfg, host, groups, specs):
                '(libcudart.so.12 not found)' % cuda13)
     else:
         return []
-    known = _option(specs, 'mooncake_package', 'mooncake').get('choices') or [CUDA13_WHEEL, NON_CUDA_WHEEL, PLAIN_WHEEL]
-    return ['mooncake_package=%s on %s does not fit vllm_platform=%s with %s %s: %s. Fix: mooncake_package: %s '
-            '(known packages: %s).' % (wheel, host, platform, vllm_package, vllm_version, why,
-                                       NON_CUDA_WHEEL if platform == 'cpu' else CUDA13_WHEEL, ', '.join(known))]
+    known = _option(specs, 'mooncake_package', 'mooncake').get('choices')
+    return ['mooncake_package=%s on %s does not fit vllm_platform=%s with %s %s: %s. Fix: mooncake_package: %s%s.'
+            % (wheel, host, platform, vllm_package, vllm_version, why, NON_CUDA_WHEEL if platform == 'cpu' else CUDA13_WHEEL,
+               ' (known packages: %s)' % ', '.join(known) if known else '')]
 
 
 @check('packages')
@@ -413,11 +403,10 @@ def model_src(cfg, host, groups, specs):
 
 @check('gpus')
 def gpus_count(cfg, host, groups, specs):
-    count = cfg.get('vllm_host_gpu_count')
-    if not _roles(host, groups)['vllm'] or (
-            _pf.is_intlike(count) and (cfg.get('vllm_platform') != 'cuda' or int(count) >= 1)):
+    count = _int(cfg.get('vllm_host_gpu_count'))
+    if not _roles(host, groups)['vllm'] or count is None or count >= (1 if cfg.get('vllm_platform') == 'cuda' else 0):
         return []
-    return ['vllm_host_gpu_count=%s on %s is not a GPU count (an integer, at least 1 with vllm_platform=cuda). Fix: set '
+    return ['vllm_host_gpu_count=%s on %s is not a GPU count (at least 1 with vllm_platform=cuda, else 0). Fix: set '
             'vllm_host_gpu_count to the number of GPUs the host has.' % (_j(count), host)]
 
 
@@ -425,29 +414,12 @@ def gpus_count(cfg, host, groups, specs):
 def instances_list(cfg, host, groups, specs):
     r = _roles(host, groups)
     insts = cfg.get('vllm_instances')
-    if not r['vllm'] or (_is_list(insts) and insts and all(isinstance(i, dict) for i in insts)):
-        return []
-    return ['vllm_instances=%s on %s: a prefill/decode host needs a non-empty list of instances, each a dict. Fix: in '
+    if not r['vllm'] or not _is_list(insts) or insts:
+        return []  # another type, or items that are no dicts: its spec (a list of dicts) refuses them
+    return ['vllm_instances=%s on %s: a prefill/decode host needs a non-empty list of instances. Fix: in '
             'host_vars/%s.yml set e.g. vllm_instances: [{name: %s, port: %s, gpus: [0, 1, 2, 3], tensor_parallel_size: 4, '
             'nics: auto}]' % (_j(insts), host, host, 'prefill0' if r['prefill'] else 'decode0',
                               '8100' if r['prefill'] else '8200')]
-
-
-@check('instances')
-def instances_keys(cfg, host, groups, specs):
-    """Only the keys of vllm_instances' options in the vllm role's spec (plus preflight_instance_extra_keys)."""
-    if not _roles(host, groups)['vllm']:
-        return []
-    extra = cfg.get('preflight_instance_extra_keys') or []
-    known = list((_option(specs, 'vllm_instances', 'vllm').get('options') or {}).keys()) + list(extra)
-    out = []
-    for idx, inst in _instances(cfg):
-        unknown = [k for k in inst if k not in known]
-        if unknown:
-            out.append('vllm_instances[%d] (%s) on %s has unknown key(s) %s. Fix: use the keys %s (add site-specific keys '
-                       'to preflight_instance_extra_keys).' % (idx, inst.get('name', 'unnamed'), host, ', '.join(unknown),
-                                                               ', '.join(known)))
-    return out
 
 
 @check('instances')
@@ -458,7 +430,7 @@ def instances_names(cfg, host, groups, specs):
             'must match %s. Fix: a name of letters, digits, _ and - only, e.g. prefill0.'
             % (idx, _j(inst.get('name')), host, NAME_RE)
             for idx, inst in _instances(cfg)
-            if not (isinstance(inst.get('name'), str) and re.fullmatch(NAME_RE[1:-1], inst['name']))]
+            if inst.get('name') is not None and not re.fullmatch(NAME_RE[1:-1], str(inst['name']))]
 
 
 @check('instances')
@@ -479,12 +451,11 @@ def instances_ports(cfg, host, groups, specs):
         return []
     out = []
     for idx, inst in _instances(cfg):
-        bootstrap = inst.get('bootstrap_port', cfg.get('vllm_default_bootstrap_port'))
-        if not _pf.is_port(inst.get('port')):
-            what = 'port=%s is not a port (an integer 1-65535)' % _j(inst.get('port'))
+        if not _port(inst.get('port')):
+            what = 'port=%s is not a port (1-65535)' % _j(inst.get('port'))
             fix = 'port: %s (each instance its own)' % ('8100' if r['prefill'] else '8200')
-        elif r['prefill'] and not _pf.is_port(bootstrap):
-            what, fix = 'bootstrap_port=%s is not a port (an integer 1-65535)' % _j(bootstrap), \
+        elif r['prefill'] and not _port(inst.get('bootstrap_port')):
+            what, fix = 'bootstrap_port=%s is not a port (1-65535)' % _j(inst['bootstrap_port']), \
                 'bootstrap_port: 8998 (each prefill instance its own)'
         elif not r['prefill'] and 'bootstrap_port' in inst:
             what, fix = 'bootstrap_port is set on a decode host (only prefill instances serve the bootstrap endpoint)', \
@@ -499,17 +470,17 @@ def instances_ports(cfg, host, groups, specs):
 def gpus_exist(cfg, host, groups, specs):
     if not _roles(host, groups)['vllm']:
         return []
-    count, cuda = cfg.get('vllm_host_gpu_count'), cfg.get('vllm_platform') == 'cuda'
+    count, cuda = _int(cfg.get('vllm_host_gpu_count')), cfg.get('vllm_platform') == 'cuda'
     out = []
     for idx, inst in _instances(cfg):
         gpus = inst.get('gpus', [])
         if _is_list(gpus) and cuda and not gpus:
             why = 'needs at least one GPU with vllm_platform=cuda'
-        elif not _is_list(gpus) or not all(_pf.is_intlike(g) and int(g) >= 0 for g in gpus) or (
-                _pf.is_intlike(count) and any(int(g) >= int(count) for g in gpus)):
+        elif _lax_string(specs, gpus, 'vllm_instances', 'gpus') or (_is_list(gpus) and any(
+                _int(g) is not None and (_int(g) < 0 or (count is not None and _int(g) >= count)) for g in gpus)):
             why = 'must be a list of GPU indexes, each 0 to vllm_host_gpu_count-1 (vllm_host_gpu_count=%s)' % count
         else:
-            continue
+            continue  # another type: its spec (a list of integers) refuses it
         out.append('vllm_instances[%s].gpus=%s on %s: %s. Fix: e.g. gpus: [0, 1, 2, 3]; it becomes CUDA_VISIBLE_DEVICES. '
                    'If the host has more GPUs, raise vllm_host_gpu_count.' % (_iname(idx, inst), _j(gpus), host, why))
     return out
@@ -539,17 +510,19 @@ def gpus_tp(cfg, host, groups, specs):
     for idx, inst in _instances(cfg):
         if 'tensor_parallel_size' not in inst:
             continue
-        tp, gpus = inst['tensor_parallel_size'], inst.get('gpus', [])
+        tp, gpus = _int(inst['tensor_parallel_size']), inst.get('gpus', [])
         ngpus = len(gpus) if _is_list(gpus) else 0
-        if not (_pf.is_intlike(tp) and int(tp) >= 1):
-            what = 'is not an integer >= 1'
-        elif cfg.get('vllm_platform') == 'cuda' and int(tp) != ngpus:
+        if tp is None or not _is_list(gpus):
+            continue  # another type: its spec (an integer, a list) refuses it; a string of GPUs: gpus_exist
+        if tp < 1:
+            what = 'is below 1'
+        elif cfg.get('vllm_platform') == 'cuda' and tp != ngpus:
             what = 'differs from its %d GPUs %s' % (ngpus, _j(gpus))
         else:
             continue
         out.append('vllm_instances[%s].tensor_parallel_size=%s on %s %s: each instance runs tensor parallel over exactly '
                    'its GPUs. Fix: tensor_parallel_size: %d (or omit it; it defaults to the number of GPUs), or change '
-                   'gpus.' % (_iname(idx, inst), _j(tp), host, what, ngpus))
+                   'gpus.' % (_iname(idx, inst), _j(inst['tensor_parallel_size']), host, what, ngpus))
     return out
 
 
@@ -573,15 +546,12 @@ def instances_optional_keys(cfg, host, groups, specs):
         whys = []
         if 'host_ip' in inst and not _pf.is_ip(inst['host_ip']):
             whys.append('host_ip=%s is not an IPv4/IPv6 address' % _j(inst['host_ip']))
-        if 'engine_id' in inst and not (isinstance(inst['engine_id'], str) and inst['engine_id']):
+        if 'engine_id' in inst and not str(inst['engine_id'] if inst['engine_id'] is not None else '').strip():
             whys.append('engine_id must be a non-empty string')
-        if 'env' in inst and not isinstance(inst['env'], dict):
-            whys.append('env must be a dict of NAME: value')
-        if 'gid_index' in inst and not _pf.is_intlike(inst['gid_index']):
-            whys.append('gid_index must be an integer')
-        if 'side_channel_port' in inst and inst['side_channel_port'] is not None and not _pf.is_port(inst['side_channel_port']):
-            whys.append('side_channel_port=%s is not a port (an integer 1-65535)' % _j(inst['side_channel_port']))
-        if 'extra_args' in inst and not (_is_list(inst['extra_args']) and not _pf.bad_tokens(inst['extra_args'])):
+        if not _port(inst.get('side_channel_port')):
+            whys.append('side_channel_port=%s is not a port (1-65535)' % _j(inst['side_channel_port']))
+        args = inst.get('extra_args')
+        if (_lax_string(specs, args, 'vllm_instances', 'extra_args') or _is_list(args)) and _pf.bad_tokens(args):
             whys.append('extra_args=%s must be a list of single tokens without whitespace (systemd splits them)'
                         % _j(inst['extra_args']))
         out += ['vllm_instances[%s] on %s: %s. Fix: correct that key of the instance in host_vars/%s.yml.'
@@ -602,8 +572,8 @@ def ports_are_ports(cfg, host, groups, specs):
         if var in seen or var not in cfg:
             continue
         seen.add(var)
-        if not _pf.is_port(cfg[var]):
-            out.append('%s=%s on %s is not a port. Fix: set %s to an integer 1-65535 (default %s).'
+        if not _port(cfg[var]):
+            out.append('%s=%s on %s is not a port (1-65535). Fix: set %s to an integer 1-65535 (default %s).'
                        % (var, _j(cfg[var]), host, var, _option(specs, var).get('default', 'see the role defaults')))
     return out
 
@@ -623,7 +593,9 @@ def ports_conflicts(cfg, host, groups, specs):
     """No two services of the host on one port, none inside the engine range: the listener table the firewall
     opens (bundle_host_listeners), pinned port ranges expanded."""
     r = _roles(host, groups)
-    table = _bundle.listener_port_table(_bundle.host_listeners(cfg, r))
+    if r['vllm'] and _int(cfg.get('vllm_side_channel_port_base')) is None:
+        return []  # another type: its spec (an integer) refuses it
+    table = _bundle.listener_port_table(_bundle.host_listeners(dict(cfg, vllm_instances=[i for _, i in _instances(cfg)]), r))
     lo, hi = (cfg.get('mooncake_rpc_port_min'), cfg.get('mooncake_rpc_port_max')) if r['vllm'] else (None, None)
     conflicts = _pf.port_conflicts(table, lo, hi)
     if not conflicts:
@@ -684,8 +656,11 @@ def kv_mode_ha_metadata(hostvars, groups, specs, host):
 
 
 def _endpoints(hostvars, hosts):
-    """bundle_vllm_endpoints over the hosts that have settings: the list the router role builds."""
-    return _bundle.vllm_endpoints([h for h, _ in _cfgs(hostvars, hosts)], hostvars, '_preflight_cfg')
+    """bundle_vllm_endpoints over the hosts that have settings: the list the router role builds (a host whose
+    vllm_instances is no list of dicts is left out: its spec refuses it)."""
+    insts = [(h, cfg.get('vllm_instances', [])) for h, cfg in _cfgs(hostvars, hosts)]
+    return _bundle.vllm_endpoints([h for h, i in insts if _is_list(i) and all(isinstance(x, dict) for x in i)],
+                                  hostvars, '_preflight_cfg')
 
 
 @check('fleet', scope='fleet')
@@ -1080,7 +1055,7 @@ def values_etcd_timing(cfg, host, groups, specs):
         return []
     hb, el = _pf.is_intlike(cfg.get('etcd_heartbeat_interval')), _pf.is_intlike(cfg.get('etcd_election_timeout'))
     if not (hb and el):
-        return []  # values_settings refuses them
+        return []  # another type: their spec (an integer) refuses it
     hb, el, n = int(cfg['etcd_heartbeat_interval']), int(cfg['etcd_election_timeout']), _rules.ETCD_ELECTION_PER_HEARTBEAT
     if el >= n * hb:
         return []

@@ -192,6 +192,8 @@ def refusal(rule, value, spec_type=None):
         n = {'int': _int, 'number': _number, 'human_int': lambda v: human_int(v) if not isinstance(v, bool) else None}[
             kind](value)
         if n is None:
+            if not (rule.get('kind') or rule.get('type')):
+                return None  # a role setting of another type: its argument spec refuses it (types live there only)
             return 'is not %s' % {'int': 'an integer', 'number': 'a number', 'human_int': 'an integer (or 32k, 32K)'}[kind]
         lo, hi = rule.get('min'), rule.get('max')
         if lo is not None and (n < lo or (rule.get('min_open') and n == lo)):
@@ -201,8 +203,8 @@ def refusal(rule, value, spec_type=None):
         return None
     text = value if isinstance(value, str) else None
     if text is None:
-        if kind == 'requirements':
-            return None if isinstance(value, (list, tuple)) and all(refusal(rule, v) is None for v in value) \
+        if kind == 'requirements':  # a list (another type: its spec, a list of strings, refuses it)
+            return None if not isinstance(value, (list, tuple)) or all(refusal(rule, v) is None for v in value) \
                 else 'is not a list of pip requirements'
         return 'is not a string'
     if kind == 'abs_path':

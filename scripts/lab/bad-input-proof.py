@@ -117,12 +117,12 @@ print(json.dumps(out, sort_keys=True))
 # that task, on a host it failed on, contains every needle (the variable and its bad value, or the
 # exact fault), names that host and says "Fix:". Task and host names do not count.
 CASES = [
-    ("wrong_type_port", {"vllm_router_port": "80a"}, ('vllm_router_port="80a"', "is not a port")),
+    ("wrong_type_port", {"vllm_router_port": "80a"}, ('vllm_router_port="80a"', "is not an integer")),
     ("wrong_type_bool", {"mooncake_master_http_metadata_server": "sometimes"},
      ('mooncake_master_http_metadata_server="sometimes"', "is not a boolean")),
     ("unknown_connector", {"vllm_kv_connector": "NixlConnector"},
-     ('vllm_kv_connector="NixlConnector"', "is not supported")),
-    ("unknown_protocol", {"mooncake_protocol": "roce"}, ('mooncake_protocol="roce"', "is not supported")),
+     ('vllm_kv_connector="NixlConnector"', "is not one of")),
+    ("unknown_protocol", {"mooncake_protocol": "roce"}, ('mooncake_protocol="roce"', "is not one of")),
     ("malformed_size", {"mooncake_check_size": "4 gigs"}, ('mooncake_check_size="4 gigs"', "is not a memory size")),
     ("missing_model", {"vllm_model_src": "/nonexistent/model"},
      ('vllm_model_src="/nonexistent/model"', "not a directory on the controller")),

@@ -165,15 +165,16 @@ def _doc(task, host, msg, changed=0, other_hosts=()):
         "stats": {host: {"changed": changed, "failures": 1}}}
 
 
-PORT_TASK = "preflight : Preflight | Ports | Port settings are ports"
-PORT_MSG = 'vllm_router_port="80a" on router1 is not a port. Fix: set vllm_router_port to an integer 1-65535.'
+PORT_TASK = "preflight : Preflight | Argument specs | Inventory values match each role's meta/argument_specs.yml"
+PORT_MSG = ('vllm_router_port="80a" on router1 is not an integer (roles/vllm_router/meta/argument_specs.yml declares '
+            'type: int). Fix: set vllm_router_port to an integer, e.g. 8000.')
 PORT_NEEDLES = dict((c, n) for c, _, n in proof.CASES)["wrong_type_port"]
 
 
 def test_refusal_passes_only_with_needles_in_the_failed_message():
     assert proof.refusal_problem(2, _doc(PORT_TASK, "router1", PORT_MSG), PORT_NEEDLES) is None
     # The needle only in the task name (and in a host name): not a refusal that names the input.
-    named = "preflight : Preflight | vllm_router_port=\"80a\" is not a port"
+    named = "preflight : Preflight | vllm_router_port=\"80a\" is not an integer"
     why = proof.refusal_problem(2, _doc(named, "router1", "One or more items failed"), PORT_NEEDLES)
     assert why and "no failure message" in why
     # The RDMA case's old needle 'RDMA' was in every rdma task name; the message must say the fault.

@@ -116,12 +116,8 @@ FAILING = {
     "groups_etcd_odd": ("ctl-1", None, groups_with(etcd=["ctl-1", "ctl-2"]), ["The group etcd has 2 members"]),
     "groups_master_ha_etcd": ("ctl-1", None, groups_with(mooncake_master=["ctl-1", "ctl-2"], etcd=None),
                               ["mooncake_master_ha=auto with 2 master(s)", "group etcd is empty"]),
-    "booleans": ("ctl-1", with_vars("ctl-1", mooncake_master_http_metadata_server="sometimes"), None,
-                 ['mooncake_master_http_metadata_server="sometimes" on ctl-1', "is not a boolean"]),
     "booleans_master_ha": ("ctl-1", with_vars("ctl-1", mooncake_master_ha="maybe"), None,
                            ['mooncake_master_ha="maybe" on ctl-1']),
-    "enums": ("gpu-p1", with_vars("gpu-p1", mooncake_protocol="roce"), None,
-              ['mooncake_protocol="roce" on gpu-p1 is not supported', "one of: rdma, tcp", "RoCE and InfiniBand"]),
     "args_tokens": ("gpu-p1", with_vars("gpu-p1", vllm_extra_args=["--gpu-memory-utilization 0.9"]), None,
                     ["vllm_extra_args=", "without whitespace"]),
     "ips_host_ip": ("gpu-p1", with_vars("gpu-p1", common_host_ip="gpu-p1.example.com"), None,
@@ -134,8 +130,8 @@ FAILING = {
                                   "cpu_memory_pool_size"]),
     "firewall_sources": ("ctl-1", with_vars("ctl-1", firewall_enabled=True, firewall_extra_sources=["10.10.9.5/24"]),
                          None, ['firewall_extra_sources entry "10.10.9.5/24" on ctl-1', "host bits"]),
-    "firewall_public_ports": ("router-1", with_vars("router-1", firewall_enabled=True, firewall_public_tcp_ports=["ssh"]),
-                              None, ['firewall_public_tcp_ports=["ssh"] on router-1 is not a list of ports']),
+    "firewall_public_ports": ("router-1", with_vars("router-1", firewall_enabled=True, firewall_public_tcp_ports=[22, 70000]),
+                              None, ['firewall_public_tcp_ports=[22, 70000] on router-1 is not a list of ports']),
     "packages_versions": ("gpu-p1", with_vars("gpu-p1", vllm_version=0.33), None,
                           ["vllm_version=0.33 on gpu-p1 is not a version string", 'vllm_version: "0.33.0"']),
     "packages_wheel": ("gpu-p1", with_vars("gpu-p1", mooncake_package="mooncake-transfer-engine"), None,
@@ -150,16 +146,14 @@ FAILING = {
                   ['vllm_model_src="/nonexistent/models/x" on gpu-p1', "not a directory on the controller"]),
     "gpus_count": ("gpu-p1", with_vars("gpu-p1", vllm_host_gpu_count=0), None,
                    ["vllm_host_gpu_count=0 on gpu-p1 is not a GPU count"]),
-    "instances_list": ("gpu-d1", with_vars("gpu-d1", vllm_instances=["decode0"]), None,
-                       ['vllm_instances=["decode0"] on gpu-d1', "each a dict", "name: decode0"]),
-    "instances_keys": ("gpu-p1", with_instance("gpu-p1", 0, bootsrap_port=9000), None,
-                       ["vllm_instances[0] (prefill0) on gpu-p1 has unknown key(s) bootsrap_port", "bootstrap_port"]),
+    "instances_list": ("gpu-d1", with_vars("gpu-d1", vllm_instances=[]), None,
+                       ["vllm_instances=[] on gpu-d1", "non-empty list", "name: decode0"]),
     "instances_names": ("gpu-p1", with_instance("gpu-p1", 1, name="prefill 1"), None,
                         ['vllm_instances[1].name="prefill 1" on gpu-p1', "systemd"]),
     "instances_unique_names": ("gpu-p1", with_instance("gpu-p1", 1, name="prefill0"), None,
                                ["vllm_instances on gpu-p1 has the name(s) prefill0 more than once"]),
-    "instances_ports": ("gpu-p1", with_instance("gpu-p1", 0, port="80a"), None,
-                        ["vllm_instances[prefill0] on gpu-p1", 'port="80a" is not a port']),
+    "instances_ports": ("gpu-p1", with_instance("gpu-p1", 0, port=70000), None,
+                        ["vllm_instances[prefill0] on gpu-p1", "port=70000 is not a port (1-65535)"]),
     "gpus_exist": ("gpu-p1", with_instance("gpu-p1", 1, gpus=[4, 5, 6, 8]), None,
                    ["vllm_instances[prefill1].gpus=[4, 5, 6, 8] on gpu-p1", "vllm_host_gpu_count=8"]),
     "gpus_unique": ("gpu-p1", with_instance("gpu-p1", 1, gpus=[3, 4, 5, 6]), None,
@@ -171,8 +165,8 @@ FAILING = {
                        ['vllm_instances[decode0].nics="mlx5_0,mlx5_1" on gpu-d1']),
     "instances_optional_keys": ("gpu-d1", with_instance("gpu-d1", 0, host_ip="decode-host"), None,
                                 ["vllm_instances[decode0] on gpu-d1", 'host_ip="decode-host" is not an IPv4/IPv6 address']),
-    "ports_are_ports": ("gpu-p1", with_vars("gpu-p1", vllm_side_channel_port_base="18x"), None,
-                        ['vllm_side_channel_port_base="18x" on gpu-p1 is not a port']),
+    "ports_are_ports": ("gpu-p1", with_vars("gpu-p1", vllm_side_channel_port_base=0), None,
+                        ["vllm_side_channel_port_base=0 on gpu-p1 is not a port (1-65535)"]),
     "ports_engine_range": ("gpu-p1", with_vars("gpu-p1", mooncake_rpc_port_min=17000, mooncake_rpc_port_max=15000), None,
                            ["mooncake_rpc_port_min=17000 is not below mooncake_rpc_port_max=15000 on gpu-p1"]),
     "ports_conflicts": ("gpu-p1", with_instance("gpu-p1", 1, bootstrap_port=8100), None,
@@ -222,8 +216,8 @@ FAILING = {
                         ["vllm_mooncake_connector_timeout=0 on gpu-d1 must be at least 1"]),
     "values_etcd_timing": ("ctl-1", with_vars("ctl-1", etcd_heartbeat_interval=500), None,
                            ["etcd_election_timeout=1000 on ctl-1 is below 5 x etcd_heartbeat_interval=500"]),
-    "values_systemd": ("ctl-1", with_vars("ctl-1", mooncake_master_restart_sec="10min"), None,
-                       ['mooncake_master_restart_sec="10min" on ctl-1', "RestartSec=10mins"]),
+    "values_systemd": ("ctl-1", with_vars("ctl-1", mooncake_master_restart_sec=-1), None,
+                       ["mooncake_master_restart_sec=-1 on ctl-1", "RestartSec=-1s"]),
     "values_gid_index": ("gpu-d1", with_instance("gpu-d1", 0, gid_index=256), None,
                          ["vllm_instances[decode0].gid_index=256 on gpu-d1"]),
     "sandbox_hidden": ("gpu-d1", with_vars("gpu-d1", vllm_model="/home/m"), None,
@@ -287,10 +281,10 @@ def test_good_fleet_passes_every_fleet_check():
 
 
 def test_prod_like_preflight_skip_leaves_a_class_out():
-    hv = fleet(with_vars("gpu-p1", mooncake_protocol="roce"))
+    hv = fleet(with_vars("gpu-p1", common_host_ip="gpu-p1.example.com"))
     cfg = hv["gpu-p1"]["_preflight_cfg"]
     assert pc.host_errors(cfg, "gpu-p1", GROUPS, SPECS, [])
-    assert pc.host_errors(cfg, "gpu-p1", GROUPS, SPECS, ["enums"]) == []
+    assert pc.host_errors(cfg, "gpu-p1", GROUPS, SPECS, ["ips"]) == []
 
 
 def test_fleet_phases_split_the_checks():
@@ -302,25 +296,6 @@ def test_fleet_phases_split_the_checks():
     assert any("engine_id" in m for m in fleet_msgs) and not any("vllm_router" in m for m in fleet_msgs)
 
 
-def test_enums_reads_choices_and_hint_from_the_spec():
-    specs = [{"role": "x", "groups": ["x_hosts"], "options": {
-        "foo": {"type": "str", "choices": ["a", "b"], "description": ["Foo picks.", "More."]},
-        "bar": {"type": "list", "elements": "str", "choices": ["p", "q"]}}}]
-    groups = {"x_hosts": ["h1"]}
-    assert pc.enums({"foo": "c"}, "h1", groups, specs) == [
-        'foo="c" on h1 is not supported. Fix: set foo to one of: a, b. Foo picks. More.']
-    assert pc.enums({"foo": "c"}, "h2", groups, specs) == []  # h2 does not run role x
-    assert pc.enums({"bar": ["p", "z"]}, "h1", groups, specs)[0].startswith('bar=["p", "z"] on h1')
-    assert pc.enums({"foo": "a", "bar": ["q"]}, "h1", groups, specs) == []
-
-
-def test_booleans_come_from_the_spec_types():
-    specs = [{"role": "x", "groups": ["all"], "options": {"flag": {"type": "bool"}, "name": {"type": "str"}}}]
-    assert pc.booleans({"flag": "maybe", "name": "maybe"}, "h1", {}, specs) == [
-        'flag="maybe" on h1 is not a boolean. Fix: set flag to true or false (unquoted).']
-    assert pc.booleans({"flag": "yes"}, "h1", {}, specs) == []
-
-
 def test_a_check_that_raises_counts_only_alone():
     boom = {"id": "boom", "skip": "x", "scope": "host", "phase": "host", "fn": lambda *a: 1 / 0}
     fine = {"id": "fine", "skip": "x", "scope": "host", "phase": "host", "fn": lambda *a: ["bad value. Fix: this."]}
@@ -330,10 +305,10 @@ def test_a_check_that_raises_counts_only_alone():
 
 
 def test_malformed_instances_do_not_crash_the_other_checks():
-    inv = with_vars("gpu-d1", vllm_instances=["decode0", {"name": "decode1", "port": 8201, "gpus": "x"}])
+    inv = with_vars("gpu-d1", vllm_instances=["decode0", {"name": "decode1", "port": 8201, "gpus": "0,1"}])
     cfg = fleet(inv)["gpu-d1"]["_preflight_cfg"]
     msgs = pc.host_errors(cfg, "gpu-d1", GROUPS, SPECS, [])
-    assert any("each a dict" in m for m in msgs)
+    assert any('vllm_instances[decode1].gpus="0,1"' in m for m in msgs)  # a string the spec splits on commas
     assert not any("could not evaluate" in m for m in msgs)
 
 
@@ -402,3 +377,72 @@ def test_entry_ports_in_the_listener_table():
     hv = fleet(entry_inv(entry_check_port=8443, entry_port=8443))
     msgs = pc.host_errors(hv["entry-1"]["_preflight_cfg"], "entry-1", ENTRY_GROUPS, SPECS, [])
     assert any("Port collision on entry-1" in m and "entry_port" in m for m in msgs), msgs
+
+
+# --- types and choices live only in the argument specs -----------------------------------------------------
+
+def _spec_refuses(opt, value):
+    return bool(pf._spec_errors(opt, value))
+
+
+def _spec_bad_value(opt):
+    """A value the spec (Ansible's own validator, what validate_argument_spec runs) refuses for opt only for what
+    it declares: a value outside the choices, else one of another type; None when the spec takes any value (str,
+    raw: there is nothing to duplicate)."""
+    if "choices" in opt:
+        candidates = [["not-a-choice"]] if opt.get("type") == "list" else ["not-a-choice"]
+    else:
+        candidates = ["not-a-value", {"not": "a value"}, [{"not": "a value"}], 3.5]
+    return next((v for v in candidates if _spec_refuses(opt, v)), None)
+
+
+def _spec_cases():
+    """(label, host, inventory) for every top-level option and vllm_instances key a spec refuses a value of: that
+    value on every host that runs the role (every instance of every vLLM host), so cross-host rules stay equal."""
+    base = copy.deepcopy(INVENTORY)
+    for hv in base.values():
+        hv.update(firewall_enabled=True, firewall_default_drop=True, etcd_tls_enabled=True)  # the conditional checks run
+    cases, seen = [], set()
+    for spec in SPECS:
+        hosts = [h for h in sorted(INVENTORY) if "all" in spec["groups"] or any(h in GROUPS.get(g, []) for g in spec["groups"])]
+        for var, opt in spec["options"].items():
+            if var in seen or not hosts:
+                continue
+            seen.add(var)
+            bad = _spec_bad_value(opt)
+            if bad is not None:
+                inv = copy.deepcopy(base)
+                for h in hosts:
+                    inv[h][var] = copy.deepcopy(bad)
+                cases.append(("%s=%r" % (var, bad), hosts[0], inv))
+            for key, sub in (opt.get("options") or {}).items() if var == "vllm_instances" else []:
+                bad = _spec_bad_value(sub)
+                if bad is None:
+                    continue
+                inv = copy.deepcopy(base)
+                for h in hosts:
+                    for inst in inv[h].get("vllm_instances", []):
+                        inst[key] = copy.deepcopy(bad)
+                cases.append(("vllm_instances[].%s=%r" % (key, bad), hosts[0], inv))
+    return cases, base
+
+
+SPEC_CASES, SPEC_BASE = _spec_cases()
+
+
+def test_spec_cases_cover_the_typed_options():
+    assert len(SPEC_CASES) >= 60  # every int, bool, float, list, dict option and every choice list of the specs
+    hv = fleet(SPEC_BASE)
+    assert [pc.host_errors(hv[h]["_preflight_cfg"], h, GROUPS, SPECS, []) for h in sorted(hv)] == [[]] * len(hv)
+    assert pc.fleet_errors(hv, GROUPS, SPECS, [], "ctl-1") == []
+
+
+@pytest.mark.parametrize("label,host,inv", SPEC_CASES, ids=[c[0] for c in SPEC_CASES])
+def test_no_check_repeats_what_a_spec_declares(label, host, inv):
+    """A value the argument spec refuses for its declared type or choices is the spec's to refuse
+    (tasks/argument_specs.yml, first): a Python check that refuses it too, or crashes on it, re-checks what the
+    spec declares. Types and choices live only in the specs."""
+    hv = fleet(inv)
+    msgs = [m for h in sorted(hv) for m in pc.host_errors(hv[h]["_preflight_cfg"], h, GROUPS, SPECS, [])]
+    msgs += pc.fleet_errors(hv, GROUPS, SPECS, [], "ctl-1")
+    assert msgs == [], "%s: the spec refuses it; the Python checks must not: %s" % (label, msgs)

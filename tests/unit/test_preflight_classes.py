@@ -246,8 +246,8 @@ VALUES_REFUSED = {
                             ['common_pip_index_url="pypi.internal/simple" on router-1 is not an http(s) URL']),
     'pip_requirement': ({'gpu-d1': {'vllm_pip_extra_packages': ['flashinfer==>0.2']}},
                         ['vllm_pip_extra_packages=["flashinfer==>0.2"] on gpu-d1']),
-    'systemd_restart_sec': ({'ctl-1': {'mooncake_master_restart_sec': '10min'}},
-                            ['mooncake_master_restart_sec="10min" on ctl-1', 'RestartSec=10mins']),
+    'systemd_restart_sec': ({'ctl-1': {'mooncake_master_restart_sec': -1}},
+                            ['mooncake_master_restart_sec=-1 on ctl-1', 'RestartSec=-1s']),
     'systemd_state_dir': ({'gpu-d1': {'vllm_state_dir': '/srv/vllm'}},
                           ['vllm_state_dir="/srv/vllm" on gpu-d1', 'StateDirectory=/srv/vllm']),
     'gid_index_range': ({'gpu-d1': {'vllm_instances.0.gid_index': 300}},
@@ -297,7 +297,8 @@ def test_systemd_rules_agree_with_systemd(var, tmp_path):
     """Each systemd rule refuses what systemd-analyze verify ignores, and passes what it takes."""
     rule = pc._rules.SYSTEMD_RULES[var]
     spec_type = pc._spec_type(SPECS, var)
-    bad, good = {'mooncake_master_restart_sec': ('10min', 3), 'vllm_state_dir': ('/srv/vllm', '/var/lib/vllm-pd')}[var]
+    # A value of another type ('10min' for an int) is its argument spec's to refuse, not a rule's.
+    bad, good = {'mooncake_master_restart_sec': (-1, 3), 'vllm_state_dir': ('/srv/vllm', '/var/lib/vllm-pd')}[var]
     for value, refused in ((bad, True), (good, False)):
         rendered = rule['unit_line'] % (value if var != 'vllm_state_dir' else
                                         (value[len('/var/lib/'):] if value.startswith('/var/lib/') else value))

@@ -90,14 +90,17 @@ def test_router_override_errors():
     assert pf.router_override_errors([{"url": "http://10.0.0.1:8100/", "bootstrap_port": 8998}],
                                      ["http://10.0.0.3:8200"], prefills, decodes) == []
     errs = pf.router_override_errors([{"url": "http://10.0.0.9:8100", "bootstrap_port": 8998},
-                                      {"url": "http://10.0.0.1:8100", "bootstrap_port": 9000}, "http://x"],
+                                      {"url": "http://10.0.0.1:8100", "bootstrap_port": 9000}, "http://x",
+                                      {"url": "http://10.0.0.1:8100", "bootstrap_port": 70000}],
                                      ["http://10.0.0.4:8200"], prefills, decodes)
-    assert len(errs) == 4
+    assert len(errs) == 4  # "http://x" is no dict: the spec's (elements: dict) to refuse
     assert "vllm_router_prefill_urls[0].url=http://10.0.0.9:8100 is not a prefill instance" in errs[0]
     assert "bootstrap_port=9000 but vllm_instances[p0] on a uses bootstrap port 8998" in errs[1]
-    assert "vllm_router_prefill_urls[2]" in errs[2]
+    assert "vllm_router_prefill_urls[3].bootstrap_port=70000 is not a port" in errs[2]
     assert "vllm_router_decode_urls[0]=http://10.0.0.4:8200" in errs[3]
-    assert "must be a list" in pf.router_override_errors("http://x", [], prefills, decodes)[0]
+    # A string of URLs: the spec's list type splits it on commas, the role reads it as written.
+    assert "must be a YAML list" in pf.router_override_errors([], "http://x", prefills, decodes)[0]
+    assert pf.router_override_errors("http://x", {"a": 1}, prefills, decodes) == []  # the spec's types
 
 
 def test_role_files(tmp_path):
@@ -149,10 +152,66 @@ def test_spec_failures_name_role_file_and_errors():
         {"failed": True, "item": {"role": "vllm", "file": "roles/vllm/meta/argument_specs.yml"},
          "argument_errors": ["x is not int", "y missing"]},
         {"failed": True, "item": {"role": "etcd", "file": "roles/etcd/meta/argument_specs.yml"}, "msg": "boom"}]}
+    fix = " Fix: give each named variable what the spec declares (the role's README lists the variables)."
     assert pf.spec_failures(failed) == [
-        "role vllm (roles/vllm/meta/argument_specs.yml): x is not int; y missing.",
-        "role etcd (roles/etcd/meta/argument_specs.yml): boom."]
-    assert pf.spec_failures({"failed": True, "msg": "single"}) == ["role ? (?): single."]
+        "role vllm (roles/vllm/meta/argument_specs.yml): x is not int; y missing." + fix,
+        "role etcd (roles/etcd/meta/argument_specs.yml): boom." + fix]
+    assert pf.spec_failures({"failed": True, "msg": "single"}) == ["role ? (?): single." + fix]
+
+
+SPEC_FILE = "roles/x/meta/argument_specs.yml"
+SPEC_OPTIONS = {
+    "x_protocol": {"type": "str", "choices": ["rdma", "tcp"], "description": ["The protocol.", "RoCE is rdma."]},
+    "x_port": {"type": "int", "default": 8000},
+    "x_flag": {"type": "bool"},
+    "x_ports": {"type": "list", "elements": "int"},
+    "x_token": {"type": "int", "no_log": True},
+    "x_name": {"type": "str"},
+    "x_instances": {"type": "list", "elements": "dict", "options": {
+        "name": {"type": "str", "required": True}, "port": {"type": "int", "required": True}}},
+}
+
+
+def _spec_failed(host_vars):
+    failed = {"failed": True, "results": [{"failed": True, "argument_errors": ["raw"],
+                                           "item": {"role": "x", "file": SPEC_FILE, "options": SPEC_OPTIONS}}]}
+    return pf.spec_failures(failed, "h1", host_vars)
+
+
+def test_spec_failures_name_variable_host_declared_type_and_fix():
+    got = _spec_failed({"x_protocol": "roce", "x_port": "80a", "x_flag": "sometimes", "x_ports": ["ssh"],
+                        "x_token": "secret-value", "x_name": "fine"})
+    assert got == [
+        'x_protocol="roce" on h1 is not one of: rdma, tcp (%s declares type: str, choices: [rdma, tcp]). Fix: set '
+        'x_protocol to one of: rdma, tcp. The protocol. RoCE is rdma.' % SPEC_FILE,
+        'x_port="80a" on h1 is not an integer (%s declares type: int). Fix: set x_port to an integer, e.g. 8000.'
+        % SPEC_FILE,
+        'x_flag="sometimes" on h1 is not a boolean (%s declares type: bool). Fix: set x_flag to true or false '
+        '(unquoted).' % SPEC_FILE,
+        'x_ports=["ssh"] on h1 is not a list of integers (%s declares type: list, elements: int). Fix: set x_ports '
+        'to a YAML list of integers (one item per entry).' % SPEC_FILE,
+        'x_token=(value not shown) on h1 is not an integer (%s declares type: int). Fix: set x_token to an integer.'
+        % SPEC_FILE]
+    assert "secret-value" not in " ".join(got)
+
+
+def test_spec_failures_name_the_instance_and_its_key():
+    got = _spec_failed({"x_instances": [{"name": "p0", "port": "80a", "bootsrap_port": 1}, {"port": 1}]})
+    assert got == [
+        'x_instances[p0] on h1 has unknown key(s) bootsrap_port (%s declares the keys name, port). Fix: correct the '
+        'key\'s name, or remove it.' % SPEC_FILE,
+        'x_instances[p0].port="80a" on h1 is not an integer (%s declares type: int). Fix: set x_instances[p0].port '
+        'to an integer.' % SPEC_FILE,
+        'x_instances[1] on h1 lacks the required key(s) name (%s). Fix: add name to it.' % SPEC_FILE]
+    assert _spec_failed({"x_instances": ["p0"]}) == [
+        'x_instances=["p0"] on h1 is not a list of dicts (%s declares type: list, elements: dict). Fix: set '
+        'x_instances to a YAML list of dicts (one item per entry).' % SPEC_FILE]
+
+
+def test_spec_failures_fall_back_on_the_raw_errors():
+    """Nothing the spec refuses among the host's values (a value that could not be templated): the raw errors."""
+    assert _spec_failed({"x_name": "fine"}) == ["role x (%s) on h1: raw. Fix: give each named variable what the spec "
+                                                "declares (the role's README lists the variables)." % SPEC_FILE]
 
 
 def test_example_secrets_refused_and_own_secrets_pass(tmp_path):
