@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Fault drills against the docker lab: kill -9 each kind of service and time the recovery.
 
-Each drill runs while a steady request loop (scripts/lab/load.py) goes through the router at the
-lab's address, and asserts what an operator relies on:
-  - etcd member, master leader, prefill, decode, router killed with SIGKILL: systemd restarts it
-    (a new main PID, unit active, serving again) and requests through the router succeed again;
+Each drill runs while a steady request loop (scripts/lab/load.py) goes where users send requests (the
+entry's VIP over https with a client key when the lab has an entry, else the router), and asserts what an
+operator relies on:
+  - etcd member, master leader, prefill, decode, each router, the active HAProxy killed with SIGKILL:
+    systemd restarts it (a new main PID, unit active, serving again) and requests succeed again;
+  - HAProxy, then keepalived, stopped on the entry host that holds the VIP: the other entry takes the VIP
+    (keepalived stopped: within VIP_MOVE_GOAL_S) and requests through the VIP succeed again;
   - one of three etcd members stopped: the master keeps a leader and a store put/get works;
-  - the master leader killed: the standby takes over and a store put/get works again.
+  - the master leader killed: the standby takes over, etcd's view names it, and a store put/get works again.
 Recovery = seconds from the kill until the service serves again and 3 requests in a row through
 the router succeed. Every goal fails the run when missed (drill_problems, FAILED_BOUND):
   - etcd member and router: recovery <= 30 s (GOAL_S);
@@ -53,8 +56,17 @@ GOAL_S = 30  # the recovery goal of every service whose start is not a model loa
 # each refused request fails at once and the loop retries every 0.5 s, hence up to ~2 per second.
 # A killed vLLM fails the requests in flight on it and those routed to it before the router's
 # health check (every 2 s, vllm_router_health_*) marks it down.
+# HAProxy stopped on the entry that holds the VIP: its connections close, and new ones are refused until
+# keepalived's check (every 1 s, fall 2) drops its priority and the other entry takes the VIP (about 3-4 s).
+# Behind the entry (HAProxy retries a refused connection or an empty answer on the other router), a killed
+# router costs no request: bound 0. A kill -9 of the active HAProxy drops the request in flight (1 at the
+# load's pace); keepalived stopped on the VIP holder: the in-flight ones are reported, bound 3, and every
+# request sent after the VIP moved must succeed (failure_problems).
 FAILED_BOUND = {"etcd member": 0, "master leader": 0, "etcd member stopped": 0,
-                "router": 25, "prefill": 5, "decode": 5}
+                "router": 25, "router behind entry": 0, "prefill": 5, "decode": 5,
+                "entry haproxy": 1, "entry": 12, "entry vip": 3}
+# keepalived stopped on the VIP holder: the other entry holds the VIP within this (issue 13's goal).
+VIP_MOVE_GOAL_S = 3.0
 
 DOCKER = os.environ.get("DOCKER", "docker")
 
@@ -114,16 +126,23 @@ def wait_for(pred, limit, step=0.5):
 class Lab:
     def __init__(self, args):
         self.args = args
-        self.router = args.router_url
+        self.router = args.client_url        # what users call: the entry's VIP when the lab has one
         self.model = args.model
-        self.key = args.api_key
+        self.key = os.environ.get("PD_CLIENT_KEY", "")
 
     PROBE = "drill " + "probe tokens " * 30
 
-    def router_live(self):
-        """The router process answers by itself (no backend involved)."""
-        with urllib.request.urlopen(f"{self.router}/liveness", timeout=5) as resp:
-            return resp.status == 200
+    def router_live(self, host):
+        """A router's process answers by itself (no backend involved), asked on its own host: with an
+        entry, the router port takes the entry hosts only."""
+        return http_get(host, f"http://{ip_of(host)}:{self.args.router_port}/liveness") is not None
+
+    def holds_vip(self, host):
+        return bool(sh(host, "ip", "-o", "addr", "show", "to", self.args.entry_vip, check=False).stdout.strip())
+
+    def vip_holder(self):
+        """The entry host that carries the VIP now (None: none does; several: the first)."""
+        return next((h for h in self.args.entry if self.holds_vip(h)), None)
 
     def router_ok_n(self, n=3):
         return load.serves(self.router, self.model, self.key, n, prompt=self.PROBE)
@@ -240,6 +259,53 @@ def drill_kill(lab, name, host, unit, ready, ready_limit, recovery_limit):
             "recovery_s": recovery, "serving_limit_s": ready_limit, "recovery_limit_s": recovery_limit}
 
 
+def drill_entry_stop(lab, unit, kind, goal_s):
+    """UNIT (haproxy or keepalived) stopped on the entry host that holds the VIP: the other entry takes the VIP
+    (goal_s) and requests through the VIP succeed again. haproxy: keepalived's check sees it (every 1 s, fall 2);
+    keepalived: a stopping keepalived hands the VIP over at once (priority 0), as when its host stops. The unit
+    is started again afterwards and the lab settles (the VIP may move back) before the next drill."""
+    holder = lab.vip_holder()
+    r = {"drill": f"{unit} stopped on the VIP holder", "kind": kind, "host": holder or "-", "unit": unit,
+         "limit_s": goal_s, "vip_moved_s": None, "recovery_s": None, "recovery_epoch": None}
+    if holder is None:
+        r.update(end_epoch=time.time(), error="no entry host holds the VIP before the drill")
+        return r
+    others = [h for h in lab.args.entry if h != holder]
+    lab.router_settled()
+    sh(holder, "systemctl", "stop", unit)
+    t0, epoch = time.monotonic(), time.time()
+    attempt = {}
+    try:
+        moved = wait_for(lambda: any(lab.holds_vip(h) for h in others), lab.args.limit, step=0.1)
+
+        def serves():
+            attempt["sent"] = time.monotonic()
+            return lab.router_ok_n()
+        routed = wait_for(serves, lab.args.limit) if moved is not None else None
+        routed = None if routed is None else attempt["sent"] - t0
+        r.update(vip_moved_s=None if moved is None else round(moved, 1), new_holder=lab.vip_holder(),
+                 router_ok_s=None if routed is None else round(routed, 1),
+                 # the failures before the VIP moved are the in-flight ones; after it, every request must succeed
+                 recovery_s=None if moved is None else round(moved, 1),
+                 recovery_epoch=None if moved is None else epoch + moved)
+    finally:
+        sh(holder, "systemctl", "start", unit)
+    r["settled_after_s"] = lab.router_settled()
+    r["end_epoch"] = time.time()
+    return r
+
+
+def entry_problems(r):
+    where = f"{r['drill']} on {r['host']}"
+    if r.get("error"):
+        return [f"{where}: {r['error']}"]
+    if r["vip_moved_s"] is None or r["vip_moved_s"] > r["limit_s"]:
+        return [f"{where}: the VIP did not move to another entry host within {r['limit_s']} s: {r}"]
+    if r.get("router_ok_s") is None:
+        return [f"{where}: requests through the VIP did not succeed after the VIP moved: {r}"]
+    return []
+
+
 def drill_problems(r, restart_limit, router_limit):
     """What a kill drill's result breaks of the asserted bounds (see the module doc)."""
     where = f"{r['drill']} on {r['host']}"
@@ -325,10 +391,12 @@ def main(argv=None):
     inv = LabInventory()
     first = {g: next(iter(inv.instances([g])), None) for g in ("vllm_prefill", "vllm_decode")}
     ap.add_argument("--inventory", default="molecule/default/inventory")
-    ap.add_argument("--router-url", default=inv.router_url())
-    ap.add_argument("--router-host", default=inv.router_host())
+    ap.add_argument("--client-url", default=inv.client_url(), help="what users call (the entry's VIP, else the router)")
+    ap.add_argument("--routers", nargs="+", default=inv.hosts("vllm_router"))
+    ap.add_argument("--router-port", type=int, default=int(inv.var("vllm_router_port")))
     ap.add_argument("--model", default=inv.var("vllm_served_model_name"))
-    ap.add_argument("--api-key", default=os.environ.get("PD_ROUTER_API_KEY", ""))
+    ap.add_argument("--entry", nargs="*", default=inv.hosts("entry"))
+    ap.add_argument("--entry-vip", default=inv.group_vars("entry").get("entry_vip", "") if inv.has_entry() else "")
     ap.add_argument("--etcd", nargs="+", default=inv.hosts("etcd"))
     ap.add_argument("--masters", nargs="+", default=inv.hosts("mooncake_master"))
     ap.add_argument("--master-metrics-port", type=int, default=int(inv.var("mooncake_master_metrics_port")))
@@ -345,6 +413,10 @@ def main(argv=None):
                     help="bound for the store put/get after the master failover (one ansible-playbook run)")
     ap.add_argument("--out", default="drills.json")
     args = ap.parse_args(argv)
+    # The client's key and CA (the entry's, from the lab's vault and CA directory): in the environment only,
+    # which the load loop inherits; never on a command line.
+    os.environ.setdefault("PD_CLIENT_KEY", inv.client_key())
+    os.environ.setdefault("PD_CLIENT_CA", inv.client_ca())
     lab = Lab(args)
 
     # A step before (a unit just restarted, its first requests slow on CPU) may still be settling.
@@ -355,10 +427,10 @@ def main(argv=None):
 
     stop = Path(tempfile.mkdtemp()) / "stop"
     load_out = stop.with_name("load.json")
-    loader = subprocess.Popen([sys.executable, str(HERE / "load.py"), "--url", args.router_url,
+    loader = subprocess.Popen([sys.executable, str(HERE / "load.py"), "--url", args.client_url,
                                "--model", args.model, "--workers", "1", "--pause", "0.5", "--duration", "3600",
                                "--stop-file", str(stop), "--out", str(load_out)],
-                              env={**os.environ, "PD_ROUTER_API_KEY": args.api_key})
+                              env=os.environ)
     results, problems = [], []
     try:
         # 1. kill -9 each kind of service.
@@ -371,8 +443,22 @@ def main(argv=None):
             results.append(drill_kill(lab, kind, host, f"vllm@{inst}",
                                       lambda h=host, p=port: lab.vllm_serving(h, p), args.vllm_limit,
                                       args.vllm_limit))
-        results.append(drill_kill(lab, "router", args.router_host, "vllm-router", lab.router_live,
-                                  args.limit, args.limit))
+        # Each router in turn: behind the entry, HAProxy sends a refused request to the other one (bound 0).
+        for router in args.routers:
+            results.append(drill_kill(lab, "router behind entry" if args.entry else "router", router, "vllm-router",
+                                      lambda r=router: lab.router_live(r), args.limit, args.limit))
+        # 1b. The entry (2+ entry hosts): kill -9 of the active HAProxy (systemd restarts it), HAProxy stopped
+        #     where the VIP is (keepalived's check moves the VIP), keepalived stopped there (as if the host stopped).
+        if len(args.entry) > 1:
+            holder = lab.vip_holder()
+            if holder is None:
+                problems.append(f"no entry host holds the VIP {args.entry_vip} before the entry drills")
+            else:
+                results.append(drill_kill(lab, "entry haproxy", holder, "haproxy",
+                                          lambda h=holder: unit_state(h, "haproxy")["ActiveState"] == "active",
+                                          args.limit, args.limit))
+                results.append(drill_entry_stop(lab, "haproxy", "entry", args.limit))
+                results.append(drill_entry_stop(lab, "keepalived", "entry vip", VIP_MOVE_GOAL_S))
 
         # 2. The master leader killed: the standby leads, the old leader comes back as standby (HA
         #    restored; checked as soon as systemd restarted it, before the store check's ansible run
@@ -455,6 +541,8 @@ def main(argv=None):
             problems.extend(drill_problems(r, args.limit, args.vllm_limit))
         elif "standby_leads_s" in r:
             problems.extend(failover_problems(r))
+        elif r["kind"] in ("entry", "entry vip"):
+            problems.extend(entry_problems(r))
         elif not r.get("ok"):
             problems.append(f"{r['drill']}: {r}")
         problems.extend(failure_problems(r))

@@ -1,23 +1,36 @@
 #!/usr/bin/env bash
-# Prints how to reach the lab's router from this machine, and a request that works.
+# Prints how to reach the lab from this machine, and a request that works.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 labinv() { "$here/../../.venv/bin/python" "$here/labinv.py" "$@"; }
 # Names, addresses and the model from the lab inventory (scripts/lab/labinv.py).
-router=$(labinv router-host)
-url=$(labinv router-url)
+url=$(labinv client-url)
+ca=$(labinv client-ca)
 model=$(labinv var vllm_served_model_name)
 first=$(labinv instances | sed -n 1p)
-# The lab's router API key (Ansible Vault in the inventory; on the host in a 0600 env file). vllm-router
-# 0.1.17 does not check it on client requests yet, but clients that hold it send it.
-key=$(docker exec "$router" sed -n 's/^VLLM_ROUTER_API_KEY=//p' /etc/vllm-router/api-key.env 2>/dev/null || true)
-auth="${key:+ -H 'Authorization: Bearer $key'}"
-cat <<MSG
+if [[ -n "$ca" ]]; then
+  # The entry (HAProxy behind the keepalived VIP): TLS from the lab's entry CA, a client key from the lab's
+  # vault (LAB ONLY password). The key is read into a variable, not printed.
+  cat <<MSG
+
+The lab is up. Entry (HAProxy + keepalived VIP, TLS, client keys) in front of the routers:  $url
+
+  key=\$(.venv/bin/ansible-vault view --vault-password-file molecule/default/vault-pass-LAB-ONLY \\
+        molecule/default/inventory/group_vars/entry/vault.yml | sed -n 's/^ *lab: //p')
+  printf 'Authorization: Bearer %s\\n' "\$key" | curl -s --cacert $ca $url/v1/completions -H @- \\
+    -H 'Content-Type: application/json' \\
+    -d '{"model": "$model", "prompt": "The prefill host computes the KV cache and", "max_tokens": 16}'
+MSG
+else
+  cat <<MSG
 
 The lab is up. Router (vllm-router, PD disaggregation over Mooncake):  $url
 
-  curl -s $url/v1/completions -H 'Content-Type: application/json'$auth \\
+  curl -s $url/v1/completions -H 'Content-Type: application/json' \\
     -d '{"model": "$model", "prompt": "The prefill host computes the KV cache and", "max_tokens": 16}'
+MSG
+fi
+cat <<MSG
 
 Inside a host:  docker exec -it ${first%%:*} systemctl status vllm@$(cut -d: -f2 <<<"$first")
 Tear down:      make lab-destroy

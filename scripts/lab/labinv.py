@@ -7,17 +7,22 @@
 - vLLM instances:        the inventory's host_vars (vllm_instances);
 - ports:                 the inventory's group_vars/all.yml, else the owning role's defaults.
 
-    labinv.py router-url              http://172.30.0.41:8000
+    labinv.py router-url              http://172.30.0.41:8000 (the first router, from inside the cluster)
     labinv.py router-host             router1
+    labinv.py client-url              what users call: https://VIP:PORT of the entry (else the router URL)
+    labinv.py client-ca               the entry CA's certificate that clients verify with ("" without an entry)
     labinv.py hosts [GROUP[:GROUP]]   one host per line
     labinv.py instances [GROUP...]    host:instance:port per line (default: prefill and decode)
     labinv.py var NAME                a port or setting (inventory, else role default)
     labinv.py role-var ROLE NAME      a fixed internal of a role (roles/ROLE/vars/main.yml), e.g. a key file path
-Plain YAML (no Ansible, no vault): the lab's vault holds only the router's API key.
+Plain YAML (no Ansible); the client key (client_key(), for the scripts' load loops) is the one reader of the
+lab's vault (ansible-vault view with the LAB-ONLY password), never printed by this CLI.
 """
 import argparse
 import functools
+import os
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -77,11 +82,51 @@ class Lab:
         return [(h, i["name"], int(i["port"])) for g in groups for h in self.groups.get(g, [])
                 for i in self.host_vars(h).get("vllm_instances", [])]
 
+    def group_vars(self, group):
+        f = self.dir / "inventory" / "group_vars" / group / "main.yml"
+        return (yaml.safe_load(f.read_text()) if f.exists() else None) or {}
+
+    def has_entry(self):
+        return bool(self.groups.get("entry"))
+
+    def client_url(self):
+        """What users call: the entry's https://VIP:PORT when the lab has an entry, else the router."""
+        if not self.has_entry():
+            return self.router_url()
+        g = self.group_vars("entry")
+        port = g.get("entry_port", self.var("entry_port"))
+        return f"https://{g['entry_vip']}" + ("" if int(port) == 443 else f":{port}")
+
+    def client_ca(self):
+        """The entry CA's certificate (entry_tls_ca_dir/ca.crt, the lab names its directory), or ""."""
+        if not self.has_entry():
+            return ""
+        return str(Path(_home_lookup(self.group_vars("entry")["entry_tls_ca_dir"])) / "ca.crt")
+
+    def client_key(self, name="lab"):
+        """The entry key NAME from the lab's vault (group_vars/entry/vault.yml, LAB-ONLY password), or "" when
+        the lab has no entry (the routers take no client key)."""
+        if not self.has_entry():
+            return ""
+        pw = os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE") or str(self.dir / "vault-pass-LAB-ONLY")
+        out = subprocess.run([str(Path(sys.executable).parent / "ansible-vault"), "view", "--vault-password-file", pw,
+                              str(self.dir / "inventory" / "group_vars" / "entry" / "vault.yml")],
+                             capture_output=True, text=True, check=True).stdout
+        return yaml.safe_load(out)["vault_entry_keys"][name]
+
     def router_host(self):
         return self.groups["vllm_router"][0]
 
     def router_url(self):
         return f"http://{self.ips[self.router_host()]}:{self.var('vllm_router_port')}"
+
+
+def _home_lookup(value):
+    """The lab's one templated path form: "{{ lookup('ansible.builtin.env', 'HOME') }}/..."."""
+    head = "{{ lookup('ansible.builtin.env', 'HOME') }}"
+    if "{{" in value and not value.startswith(head):
+        raise ValueError(f"{value}: only {head}/... is understood here")
+    return value.replace(head, os.path.expanduser("~"))
 
 
 def role_var(role, name):
@@ -92,12 +137,17 @@ def role_var(role, name):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-s", "--scenario", default="default")
-    ap.add_argument("what", choices=["router-url", "router-host", "hosts", "instances", "var", "role-var"])
+    ap.add_argument("what", choices=["router-url", "router-host", "client-url", "client-ca", "hosts", "instances", "var",
+                                     "role-var"])
     ap.add_argument("args", nargs="*")
     a = ap.parse_args(argv)
     lab = Lab(a.scenario)
     if a.what == "router-url":
         print(lab.router_url())
+    elif a.what == "client-url":
+        print(lab.client_url())
+    elif a.what == "client-ca":
+        print(lab.client_ca())
     elif a.what == "router-host":
         print(lab.router_host())
     elif a.what == "hosts":

@@ -6,16 +6,31 @@ loop until the duration ends or the stop file appears, and every request is reco
 start time, latency and outcome. A request fails on any transport error, a non-200 status, or a
 200 without generated text.
 
-    load.py --url http://172.30.0.41:8000 --model tiny-llama --workers 2 --stop-file /tmp/stop \\
-        --out /tmp/load.json
+    PD_CLIENT_KEY=... PD_CLIENT_CA=ca.crt load.py --url https://172.30.0.50 --model tiny-llama --workers 2 \\
+        --stop-file /tmp/stop --out /tmp/load.json
+
+The key (Bearer) comes from the environment only, so it is on no command line; an https URL is verified
+against PD_CLIENT_CA (the entry's CA) when set, else the system's CAs.
 """
 import argparse
+import functools
 import json
 import os
+import ssl
 import threading
 import time
 import urllib.error
 import urllib.request
+
+
+@functools.lru_cache(maxsize=4)
+def _tls_for(ca):
+    return ssl.create_default_context(cafile=ca or None)
+
+
+def _tls():
+    """The TLS context of https URLs: PD_CLIENT_CA (the entry's CA) when set, else the system's CAs."""
+    return _tls_for(os.environ.get("PD_CLIENT_CA", ""))
 
 
 def one_request(url, model, prompt, max_tokens, timeout, api_key=None):
@@ -27,7 +42,7 @@ def one_request(url, model, prompt, max_tokens, timeout, api_key=None):
         headers["Authorization"] = f"Bearer {api_key}"
     req = urllib.request.Request(f"{url}/v1/completions", data=body, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=_tls() if url.startswith("https:") else None) as resp:
             data = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return False, f"HTTP {exc.code}: {exc.read()[:200]!r}"
@@ -90,7 +105,6 @@ def main(argv=None):
     # while a neighbour vLLM loads its model, then be recomputed; slow is reported, not failed.
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--pause", type=float, default=0.2, help="seconds between a worker's requests")
-    ap.add_argument("--api-key", default=os.environ.get("PD_ROUTER_API_KEY", ""))
     ap.add_argument("--out", required=True, help="JSON summary written here")
     args = ap.parse_args(argv)
 
@@ -107,7 +121,7 @@ def main(argv=None):
             # Over 256 tokens, so whole KV blocks move (CPU block size 128).
             prompt = f"load {wid}-{n} " + "the prefill host computes the KV cache and ships it " * 40
             t0 = time.monotonic()
-            ok, err = one_request(args.url, args.model, prompt, args.max_tokens, args.timeout, args.api_key)
+            ok, err = one_request(args.url, args.model, prompt, args.max_tokens, args.timeout, os.environ.get("PD_CLIENT_KEY", ""))
             with lock:
                 records.append({"t": t0 - start, "latency": time.monotonic() - t0, "ok": ok, "error": err})
             n += 1

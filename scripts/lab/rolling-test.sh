@@ -3,7 +3,8 @@
 # play while a steady request loop runs through the router. Asserts that every instance was
 # restarted (new main PID), and that not one request failed.
 #   scripts/lab/rolling-test.sh [results-dir]
-# Env: PD_ROUTER_API_KEY (if the router has one), ANSIBLE_VAULT_PASSWORD_FILE (lab vault).
+# Env: ANSIBLE_VAULT_PASSWORD_FILE (lab vault). Requests go where users send them (the entry's VIP when the
+# lab has an entry), with its key and CA in the environment (PD_CLIENT_KEY, PD_CLIENT_CA): on no command line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -13,7 +14,10 @@ py=$repo/.venv/bin/python
 inv=$repo/molecule/default/inventory
 labinv() { "$py" "$here/labinv.py" "$@"; }
 # The lab's router, model and instances (host:instance), from the lab inventory.
-router=${PD_LAB_ROUTER_URL:-$(labinv router-url)}
+router=${PD_LAB_ROUTER_URL:-$(labinv client-url)}
+PD_CLIENT_CA=${PD_CLIENT_CA:-$(labinv client-ca)}
+PD_CLIENT_KEY=${PD_CLIENT_KEY:-$("$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); import labinv; print(labinv.Lab().client_key())' "$here")}
+export PD_CLIENT_CA PD_CLIENT_KEY
 model=$(labinv var vllm_served_model_name)
 mapfile -t instances < <(labinv instances | cut -d: -f1,2)
 mapfile -t decodes < <(labinv instances vllm_decode | cut -d: -f1,2)
@@ -23,7 +27,7 @@ PD_HERE=$here "$py" - "$router" "$model" <<'PY' || { echo "[rolling] the router 
 import os, sys
 sys.path.insert(0, os.environ["PD_HERE"])
 import load
-key = os.environ.get("PD_ROUTER_API_KEY", "")
+key = os.environ.get("PD_CLIENT_KEY", "")
 sys.exit(0 if load.until_serving(sys.argv[1], sys.argv[2], key, prompt="warm up " * 40) is not None else 1)
 PY
 pids() { for hi in "${instances[@]}"; do docker exec "${hi%%:*}" systemctl show -p MainPID --value "vllm@${hi##*:}"; done; }

@@ -27,7 +27,7 @@ UNIT = 'pd-bundle-firewall.service'
 PORT_DEFAULTS = role_defaults(
     'etcd_client_port', 'etcd_peer_port', 'mooncake_master_rpc_port', 'mooncake_master_metrics_port',
     'mooncake_master_http_metadata_port', 'vllm_default_bootstrap_port', 'vllm_router_port',
-    'vllm_router_prometheus_port',
+    'vllm_router_prometheus_port', 'entry_port',
 )
 # Which host plays the natural client of a host's services (the first of these groups with another host).
 PEER_GROUPS = {
@@ -228,6 +228,23 @@ def test_outsider_is_refused(host, outsider):
     print('outsider %s -> %s: %s' % (outsider.ip, ip, res))
     opened = {'%s (%s)' % (k, what): r for (k, r), (_, what) in zip(res.items(), ports) if r == 'open'}
     assert not opened, 'an outsider (%s) connects to protected ports: %s' % (outsider.ip, opened)
+    behind_entry = bool(groups(host).get('entry'))
     if in_group(host, 'vllm_router'):
         pub = outsider([[ip, int(v['vllm_router_port'])]])
-        assert list(pub.values()) == ['open'], 'the router public port must stay open to everyone: %s' % pub
+        if behind_entry:  # the entry hosts only (HAProxy in front): users come through the entry
+            assert list(pub.values()) != ['open'], 'with an entry, an outsider must not reach the router port: %s' % pub
+        else:
+            assert list(pub.values()) == ['open'], 'the router public port must stay open to everyone: %s' % pub
+    if in_group(host, 'entry'):
+        pub = outsider([[ip, int(v['entry_port'])]])
+        assert list(pub.values()) == ['open'], 'entry_port must be open to everyone: %s' % pub
+
+
+def test_entry_hosts_reach_the_routers(host, request):
+    """With an entry, the router port takes the entry hosts: each entry host connects to this router."""
+    if not enabled(host) or not in_group(host, 'vllm_router') or not groups(host).get('entry'):
+        pytest.skip('not a router behind an entry')
+    ip, port = cfg(host)['common_host_ip'], int(cfg(host)['vllm_router_port'])
+    for entry in groups(host)['entry']:
+        res = json.loads(other_host(request, entry).check_output(probe_cmd([[ip, port]])))
+        assert list(res.values()) == ['open'], 'entry host %s cannot reach the router %s:%s: %s' % (entry, ip, port, res)

@@ -224,3 +224,17 @@ def test_kill_drill_recovers_when_the_passing_probe_was_sent():
     assert 0.4 <= r["recovery_s"] <= 1.2, r
     assert r["probe_s"] >= 1.4, r
     assert drills.drill_problems(r, 30, 180) == []
+
+
+def test_entry_drill_needs_the_vip_to_move_and_serve_in_time():
+    r = {"drill": "keepalived stopped on the VIP holder", "kind": "entry vip", "host": "entry1", "limit_s": 3.0,
+         "vip_moved_s": 1.2, "router_ok_s": 1.9}
+    assert drills.entry_problems(r) == []
+    assert "did not move" in drills.entry_problems(dict(r, vip_moved_s=None))[0]
+    assert "within 3.0 s" in drills.entry_problems(dict(r, vip_moved_s=3.4))[0]
+    assert "did not succeed" in drills.entry_problems(dict(r, router_ok_s=None))[0]
+    assert "no entry host holds" in drills.entry_problems(dict(r, error="no entry host holds the VIP before the drill"))[0]
+    # Behind the entry a killed router costs no request; after the VIP moved, none may fail.
+    assert drills.FAILED_BOUND["router behind entry"] == 0
+    late = dict(r, failed=1, failed_after_recovery=1)
+    assert "after recovery" in " ".join(drills.failure_problems(late))
