@@ -100,6 +100,20 @@ def host_ip(host, hostvars):
     return str(host)
 
 
+def router_bind(host, hostvars):
+    """The address vllm-router listens on: vllm_router_host, or, when it is empty (the default), the host's
+    cluster address (bundle_host_ip): the routers take the entry hosts, never the world."""
+    return str(host_cfg(host, hostvars).get('vllm_router_host') or host_ip(host, hostvars))
+
+
+def router_local_url(host, hostvars):
+    """http://ADDR:PORT of the router as seen on its own host (127.0.0.1 when it binds every address):
+    the router role's health wait, status and router-overhead read this one definition."""
+    bind = router_bind(host, hostvars)
+    addr = '127.0.0.1' if bind in ('0.0.0.0', '::', '*') else bind
+    return 'http://%s:%s' % ('[%s]' % addr if ':' in addr else addr, host_cfg(host, hostvars)['vllm_router_port'])
+
+
 SIDE_CHANNEL_STRIDE = 16  # ports reserved per instance by the base formula (the largest TP per host)
 
 
@@ -416,6 +430,8 @@ class FilterModule(object):
             'bundle_vllm_engine_nics': vllm_engine_nics,
             'bundle_vllm_endpoints': vllm_endpoints,
             'bundle_router_argv': router_argv,
+            'bundle_router_bind': router_bind,
+            'bundle_router_local_url': router_local_url,
             'bundle_vllm_stale_instances': vllm_stale_instances,
             'bundle_host_listeners': host_listeners,
             'bundle_listener_port_table': listener_port_table,

@@ -124,7 +124,8 @@ def router(host):
     v = hvars(host)
     # The API key (when deployed) goes with every request, as a client holding it would send it.
     v = dict(v, auth=router_auth_headers(host))
-    return host, 'http://127.0.0.1:%s' % v['vllm_router_port'], v
+    bind = str(v.get('vllm_router_host') or v['common_host_ip'])  # roles/vllm_router: the cluster address by default
+    return host, 'http://%s:%s' % ('127.0.0.1' if bind == '0.0.0.0' else bind, v['vllm_router_port']), v
 
 
 def model_name(host, base, v):

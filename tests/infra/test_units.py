@@ -26,7 +26,8 @@ def expected_units(host):
                 socks.append(('0.0.0.0', inst.get('bootstrap_port', v['vllm_default_bootstrap_port'])))
             units.append(('vllm@%s' % inst['name'], socks))
     if in_group(host, 'vllm_router'):
-        units.append(('vllm-router', [(str(v.get('vllm_router_host', '0.0.0.0')), v['vllm_router_port']),
+        # The router binds its cluster address unless vllm_router_host says otherwise (roles/vllm_router).
+        units.append(('vllm-router', [(str(v.get('vllm_router_host') or v['common_host_ip']), v['vllm_router_port']),
                                       (v['common_host_ip'], v['vllm_router_prometheus_port'])]))
     return units
 

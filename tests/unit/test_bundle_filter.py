@@ -212,3 +212,11 @@ def test_etcd_mooncake_hostports_follow_each_members_tls():
     hv = {'e1': {'common_host_ip': '10.0.0.1', 'etcd_tls_enabled': True, 'etcd_mooncake_client_port': 2479},
           'e2': {'common_host_ip': '10.0.0.2', 'etcd_tls_enabled': False, 'etcd_client_port': 2390}}
     assert bf.etcd_mooncake_hostports(['e1', 'e2'], hv) == ['10.0.0.1:2479', '10.0.0.2:2390']
+
+
+def test_router_binds_its_cluster_address_unless_told():
+    hv = {'r1': {'common_host_ip': '10.0.0.41'}, 'r2': {'common_host_ip': '10.0.0.42', 'vllm_router_host': '0.0.0.0',
+                                                        'vllm_router_port': 9000}}
+    assert bf.router_bind('r1', hv) == '10.0.0.41'
+    assert bf.router_local_url('r1', hv) == 'http://10.0.0.41:%s' % bf.host_cfg('r1', hv)['vllm_router_port']
+    assert bf.router_bind('r2', hv) == '0.0.0.0' and bf.router_local_url('r2', hv) == 'http://127.0.0.1:9000'
