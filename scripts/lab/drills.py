@@ -477,10 +477,6 @@ def main(argv=None):
             try:
                 new_leader = wait_for(lambda: any(r == "leader" for h, r in watch.now().items()
                                                   if h != leader), args.limit)
-                back = wait_for(lambda: lab.restarted(leader, "mooncake-master", before)
-                                and watch.now().get(leader) == "standby", args.limit) \
-                    if new_leader is not None else None
-                back = None if back is None else time.monotonic() - t0
                 # etcd agrees: the masters' key names the new leader's RPC address (what vLLM's store
                 # clients and a restarted master read to find the leader).
                 now_leader = next((h for h, r in watch.now().items() if r == "leader"), None)
@@ -488,6 +484,10 @@ def main(argv=None):
                 etcd_named = wait_for(lambda: want is not None and lab.etcd_master_view() == want, args.limit) \
                     if new_leader is not None else None
                 etcd_named = None if etcd_named is None else time.monotonic() - t0
+                back = wait_for(lambda: lab.restarted(leader, "mooncake-master", before)
+                                and watch.now().get(leader) == "standby", args.limit) \
+                    if new_leader is not None else None
+                back = None if back is None else time.monotonic() - t0
                 store = wait_for(lab.store_round_trip, args.store_limit, step=1) if new_leader is not None else None
                 store = None if store is None else time.monotonic() - t0
             finally:
