@@ -100,6 +100,16 @@ def host_ip(host, hostvars):
     return str(host)
 
 
+def router_api_key(router_hosts, hostvars):
+    """The routers' worker key (vllm_router_api_key; preflight makes every router's the same), '' when none:
+    the vLLM instances demand it, and the entry sends it on with the requests it forwards."""
+    for h in router_hosts or []:
+        key = str(hostvars[h].get('vllm_router_api_key') or '')
+        if key:
+            return key
+    return ''
+
+
 def router_bind(host, hostvars):
     """The address vllm-router listens on: vllm_router_host, or, when it is empty (the default), the host's
     cluster address (bundle_host_ip): the routers take the entry hosts, never the world."""
@@ -431,6 +441,7 @@ class FilterModule(object):
             'bundle_vllm_endpoints': vllm_endpoints,
             'bundle_router_argv': router_argv,
             'bundle_router_bind': router_bind,
+            'bundle_router_api_key': router_api_key,
             'bundle_router_local_url': router_local_url,
             'bundle_vllm_stale_instances': vllm_stale_instances,
             'bundle_host_listeners': host_listeners,
