@@ -100,6 +100,16 @@ def host_ip(host, hostvars):
     return str(host)
 
 
+def router_api_key(router_hosts, hostvars):
+    """The routers' worker key (vllm_router_api_key; preflight makes every router's the same), '' when none:
+    the vLLM instances demand it, and the entry sends it on with the requests it forwards."""
+    for h in router_hosts or []:
+        key = str(hostvars[h].get('vllm_router_api_key') or '')
+        if key:
+            return key
+    return ''
+
+
 SIDE_CHANNEL_STRIDE = 16  # ports reserved per instance by the base formula (the largest TP per host)
 
 
@@ -416,6 +426,7 @@ class FilterModule(object):
             'bundle_vllm_engine_nics': vllm_engine_nics,
             'bundle_vllm_endpoints': vllm_endpoints,
             'bundle_router_argv': router_argv,
+            'bundle_router_api_key': router_api_key,
             'bundle_vllm_stale_instances': vllm_stale_instances,
             'bundle_host_listeners': host_listeners,
             'bundle_listener_port_table': listener_port_table,
