@@ -14,7 +14,7 @@ import etcd_gateway  # etcd3gw, pinned in requirements.txt: missing, this module
 import pytest
 
 from conftest import (REPO, curl_json, deployed_kv_config, deployed_master_args, etcd_client, groups, hvars,
-                      other_host, read_root_file, unit_tcp_ports, wait_until)
+                      other_host, read_root_file, wait_until)
 
 mooncake_etcd = runpy.run_path(str(REPO / 'plugins' / 'filter' / 'siblings.py'))['load']('mooncake_etcd')
 
