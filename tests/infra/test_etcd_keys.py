@@ -14,7 +14,7 @@ import etcd_gateway  # etcd3gw, pinned in requirements.txt: missing, this module
 import pytest
 
 from conftest import (REPO, curl_json, deployed_kv_config, deployed_master_args, etcd_client, groups, hvars,
-                      other_host, read_root_file, unit_tcp_ports, wait_until)
+                      other_host, read_root_file, wait_until)
 
 mooncake_etcd = runpy.run_path(str(REPO / 'plugins' / 'filter' / 'siblings.py'))['load']('mooncake_etcd')
 
@@ -112,15 +112,29 @@ def store_instances(request, host):
     return out
 
 
-def running_segments(instances):
-    """{(vllm host, instance): {'ip:port'}}: the engine segments each running store-mode instance can serve
-    (its local_hostname with every TCP port its unit listens on; the segment's port is its engine's RPC port)."""
-    out, ports_of = {}, {}
-    for name, h, inst, cfg in instances:
-        if name not in ports_of:
-            ports_of[name] = unit_tcp_ports(h)
-        ports = ports_of[name].get('vllm@%s.service' % inst['name'], set())
-        out[(name, inst['name'])] = {'%s:%s' % (cfg['local_hostname'], p) for p in ports}
+def engines_per_address(instances):
+    """{local_hostname: engines}: the transfer engines the running store-mode instances of each address run (one
+    per worker: the tensor-parallel size). The segment's port in etcd is the engine's own RPC port, which is not a
+    TCP listener of the instance's unit (seen on the lab: mooncake/ram/172.30.0.21:13147 while the unit listened
+    elsewhere), so segments are matched by address and counted."""
+    out = {}
+    for _, _, inst, cfg in instances:
+        out[cfg['local_hostname']] = out.get(cfg['local_hostname'], 0) + int(inst.get('tensor_parallel_size') or 1)
+    return out
+
+
+def complete_segments(keys):
+    """{address: number of segments with every kind of key (ram and rpc_meta)}."""
+    kinds = {}
+    for key in keys:
+        seg = mooncake_etcd.engine_segment(key)
+        if seg:
+            kinds.setdefault(seg, set()).add(key[len(mooncake_etcd.ENGINE_PREFIX):].split('/', 1)[0])
+    out = {}
+    for seg, have in kinds.items():
+        if have == set(mooncake_etcd.ENGINE_KINDS):
+            addr = mooncake_etcd.split_hostport(seg)
+            out[addr[0] if addr else seg] = out.get(addr[0] if addr else seg, 0) + 1
     return out
 
 
@@ -133,15 +147,11 @@ def test_store_metadata_for_every_store_instance(host, request):
     if not etcd_backed:
         pytest.skip('store mode with the http metadata backend: the metadata lives in the first master, not etcd')
     keys = etcd_gateway.read_prefix(etcd_client(host), mooncake_etcd.ENGINE_PREFIX)
-    have = {}
-    for key in keys:
-        seg = mooncake_etcd.engine_segment(key)
-        if seg:
-            have.setdefault(seg, set()).add(key[len(mooncake_etcd.ENGINE_PREFIX):].split('/', 1)[0])
-    for (name, inst), segments in running_segments(etcd_backed).items():
-        complete = [s for s in segments if have.get(s) == set(mooncake_etcd.ENGINE_KINDS)]
-        assert complete, ('%s/%s: no engine metadata (%s) in etcd for any of its listeners %s; segments in etcd: %s'
-                          % (name, inst, '/'.join(mooncake_etcd.ENGINE_KINDS), sorted(segments), sorted(have)))
+    have = complete_segments(keys)
+    for addr, engines in engines_per_address(etcd_backed).items():
+        assert have.get(addr, 0) >= engines, ('%s: %d engine(s) of running store-mode instances, %d with their metadata '
+                                              '(%s) in etcd: %s' % (addr, engines, have.get(addr, 0),
+                                                                   '/'.join(mooncake_etcd.ENGINE_KINDS), sorted(keys)))
 
 
 def test_no_key_without_a_running_owner(host, request):
@@ -154,6 +164,12 @@ def test_no_key_without_a_running_owner(host, request):
     keys = {}
     for prefix in mooncake_etcd.PREFIXES:
         keys.update(etcd_gateway.read_prefix(cli, prefix))
-    segments = set().union(*running_segments(store_instances(request, host)).values())
-    stale = mooncake_etcd.unowned_keys(keys, cluster_id, segments)
+    engines = engines_per_address(store_instances(request, host))
+    # Segments of an address that runs no store-mode engine, and the master views of other cluster ids.
+    segments = {mooncake_etcd.engine_segment(k) for k in keys if mooncake_etcd.engine_segment(k)}
+    owned = {seg for seg in segments if (mooncake_etcd.split_hostport(seg) or ('',))[0] in engines}
+    stale = mooncake_etcd.unowned_keys(keys, cluster_id, owned)
     assert not stale, {k: keys[k] for k in stale}
+    # More complete segments on an address than engines run there: a killed engine's keys (no lease) are left.
+    extra = {a: n for a, n in complete_segments(keys).items() if n > engines.get(a, 0)}
+    assert not extra, 'more engine segments than running engines (left by killed engines): %s, engines %s' % (extra, engines)

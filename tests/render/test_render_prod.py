@@ -223,8 +223,10 @@ def test_firewall_rulesets_load_and_protect(prod_render, inventory):
     """Each host's ruleset loads (nft, in a throwaway user+network namespace) and protects its own ports."""
     _need_tools('nft', 'unshare')
     groups, hv = inventory
-    hosts = sorted({h for g in ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router') for h in groups[g]})
+    hosts = sorted({h for g in ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router', 'entry')
+                    for h in groups.get(g, [])})
     cluster = sorted({hv[h]['ansible_host'] for h in hosts})
+    entry_ips = [hv[e]['ansible_host'] for e in groups.get('entry', [])]
     for h in hosts:
         path = prod_render / h / 'etc/pd-bundle/firewall.nft'
         text = path.read_text()
@@ -256,7 +258,21 @@ def test_firewall_rulesets_load_and_protect(prod_render, inventory):
                 'only the pinned side-channel ports are opened on %s' % h
         if h in groups['vllm_router']:
             want += [29000]
-            assert _in(8000, sets['public_tcp']) and not _in(8000, tcp), 'the router port stays public'
+            if entry_ips:  # behind the entry: the router's client port takes the entry hosts only
+                assert _in(8000, sets['entry_tcp']) and not _in(8000, sets['public_tcp']) and not _in(8000, tcp), (h, sets)
+                assert all(_ip_in(ip, sets['entry_v4']) for ip in entry_ips), (h, sets['entry_v4'])
+                assert not _ip_in(hv[groups['etcd'][0]]['ansible_host'], sets['entry_v4']), (h, sets['entry_v4'])
+            else:
+                assert _in(8000, sets['public_tcp']) and not _in(8000, tcp), 'the router port stays public'
+        else:
+            assert 'entry_tcp' not in sets, 'only the routers have an entry-only port (%s)' % h
+        if h in groups.get('entry', []):
+            want += [8404]
+            assert _in(443, sets['public_tcp']) and not _in(443, tcp), (h, sets['public_tcp'])
+            peers = [ip for ip in entry_ips if ip != hv[h]['ansible_host']]
+            assert peers and sorted(e for e in sets['vrrp_peers_v4']) == sorted(peers), (h, sets.get('vrrp_peers_v4'))
+        else:
+            assert 'vrrp_peers_v4' not in sets and not _in(443, sets['public_tcp']), h
         assert want and [p for p in want if not _in(p, tcp)] == [], (h, want, tcp)
         rules = [o['rule']['expr'] for o in doc if 'rule' in o]
         assert json.dumps(rules[0]).find('"lo"') > 0 and json.dumps(rules[1]).find('established') > 0, rules[:2]
@@ -306,7 +322,9 @@ def test_no_secret_on_any_command_line(prod_render, inventory):
         leaked = [s for s in secrets if any(s in a for a in argv)]
         assert not leaked, f'{unit.relative_to(prod_render)}: a vault secret is on the command line: {command_line(argv)[:200]}'
     holders = [p for p in prod_render.rglob('*') if p.is_file() and any(s in p.read_text(errors='ignore') for s in secrets)]
-    assert holders and all(p.name.endswith('.env') and stat.S_IMODE(p.stat().st_mode) == 0o600 for p in holders), holders
+    # keepalived reads its VRRP password (auth_pass) from its config only: that file, 0600, may hold it too.
+    assert holders and all((p.name.endswith('.env') or p.relative_to(prod_render).parts[1:] == ('etc', 'keepalived', 'keepalived.conf'))
+                           and stat.S_IMODE(p.stat().st_mode) == 0o600 for p in holders), holders
 
 
 def _managed_table():
