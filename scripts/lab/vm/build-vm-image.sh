@@ -45,9 +45,17 @@ PACKAGES=(
 RECIPE=3
 
 [[ $(id -u) -eq 0 ]] || { log "must run as root (mmdebstrap --mode=root)"; exit 1; }
-for tool in mmdebstrap qemu-img mke2fs ssh-keygen; do
-  command -v "$tool" >/dev/null 2>&1 || { log "missing $tool (apt-get install mmdebstrap qemu-utils e2fsprogs openssh-client)"; exit 1; }
+# Host tools of the RDMA lab, this image's and vm.sh's (qemu, bridge FORWARD rules), from Debian: one list.
+missing=()
+for t in mmdebstrap:mmdebstrap qemu-img:qemu-utils qemu-system-x86_64:qemu-system-x86 mke2fs:e2fsprogs \
+         ssh-keygen:openssh-client iptables:iptables; do
+  command -v "${t%%:*}" >/dev/null 2>&1 || missing+=("${t#*:}")
 done
+if ((${#missing[@]})); then
+  log "installing host tools: ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 mkdir -p "$OUT"
 chmod 0700 "$OUT"
 
