@@ -11,7 +11,9 @@
   selection, else the instance's own nics/gid_index). The env file and the transfer check both use it.
 - mooncake_check_pairs: every (this prefill instance, decode instance) pair for the transfer check,
   each end as its vLLM instance runs the engine: IP, NICs (device_name / MC_TE_FILTERS) and
-  MC_GID_INDEX from the rdma role's selection, else the instance's own nics/gid_index.
+  MC_GID_INDEX from the rdma role's selection, else the instance's own nics/gid_index; on vllm_platform
+  cuda the memory too (check_memory): GPU memory on the instance's first GPU, with its WITH_NVIDIA_PEERMEM.
+- mooncake_check_argv: the check's command line for one end (serve or probe), the one place it is built.
 - vllm_endpoints:     every vLLM instance of a list of hosts as the fleet reaches it (host, name, ip, port,
   url, bootstrap_port, engine_id): the router's worker lists, preflight's address and router checks and
   the benchmark all read this one definition.
@@ -154,9 +156,38 @@ def vllm_engine_nics(inst, selection):
     return {'nics': [] if not nics or isinstance(nics, str) else list(nics), 'gid_index': gid}
 
 
+CHECK_MEMORY = ('auto', 'host', 'cuda')
+
+
+def check_memory(setting, platform, inst):
+    """'cuda' or 'host': the memory a check end moves (mooncake_check_memory). auto: GPU memory where the
+    instance keeps its KV there (vllm_platform cuda and the instance lists GPUs), else host memory (the CPU
+    lab; GPU-less VMs of the RDMA lab)."""
+    setting = str(setting if setting is not None else 'auto').strip().lower()
+    if setting not in CHECK_MEMORY:
+        raise AnsibleFilterError('mooncake_check_memory=%r is not one of %s' % (setting, ', '.join(CHECK_MEMORY)))
+    if setting != 'auto':
+        return setting
+    return 'cuda' if platform == 'cuda' and (inst or {}).get('gpus') else 'host'
+
+
+def _check_with_nvidia_peermem(host, hv, cfg, protocol):
+    """WITH_NVIDIA_PEERMEM of a GPU-memory check end, as the instance's env file gets it (roles/vllm/vars): the
+    rdma role's resolved mode of this run, else the setting; auto is decided from this run's GPU facts."""
+    gpu = _sibling('gpu_checks')
+    mode = hv.get('rdma_gpudirect_mode') or cfg.get('vllm_gpudirect_rdma') or cfg.get('rdma_gpudirect')
+    facts = (hv.get('ansible_facts') or {}).get('gpu')
+    resolved = gpu.gpudirect_resolve(mode, facts, _boollike(cfg.get('rdma_load_modules', True)))
+    try:
+        return gpu.with_nvidia_peermem(resolved or mode, protocol)
+    except ValueError as e:
+        raise AnsibleFilterError('transfer check on %s: %s' % (host, e))
+
+
 def _check_end(host, inst, hostvars, protocol):
     """One end of a transfer check, as templates/vllm/instance.env.j2 configures that instance."""
     hv = hostvars[host]
+    cfg = host_cfg(host, hostvars)
     nics, gid = [], None
     if protocol == 'rdma':  # over tcp the instance gets MC_FORCE_TCP and neither of these
         eng = vllm_engine_nics(inst, hv.get('rdma_instance_selection'))
@@ -168,8 +199,16 @@ def _check_end(host, inst, hostvars, protocol):
         env['MC_TE_FILTERS'] = ','.join(nics)
     if gid is not None:
         env['MC_GID_INDEX'] = str(gid)
+    memory = check_memory(cfg.get('mooncake_check_memory'), cfg.get('vllm_platform'), inst)
+    gpu, python = None, None
+    if memory == 'cuda':
+        # Rank 0's GPU, numbered as the instance's CUDA_VISIBLE_DEVICES numbers it; torch and a CUDA wheel
+        # are in the vLLM venv (the mooncake venv has neither).
+        gpu = int((inst.get('gpus') or [0])[0])
+        python = '%s/bin/python' % cfg.get('vllm_venv')
+        env['WITH_NVIDIA_PEERMEM'] = _check_with_nvidia_peermem(host, hv, cfg, protocol)
     return {'host': host, 'instance': inst.get('name'), 'ip': str(inst.get('host_ip') or host_ip(host, hostvars)),
-            'device': ','.join(nics), 'gid_index': gid, 'env': env}
+            'device': ','.join(nics), 'gid_index': gid, 'env': env, 'memory': memory, 'gpu': gpu, 'python': python}
 
 
 def mooncake_check_pairs(decode_hosts, prefill_host, hostvars, protocol):
@@ -178,6 +217,25 @@ def mooncake_check_pairs(decode_hosts, prefill_host, hostvars, protocol):
         return hostvars[host].get('vllm_instances') or [{'name': None}]
     return [{'source': _check_end(prefill_host, p, hostvars, protocol), 'target': _check_end(d, i, hostvars, protocol)}
             for p in instances(prefill_host) for d in decode_hosts for i in instances(d)]
+
+
+def mooncake_check_argv(end, action, opts):
+    """The check's command line for one end (an item of mooncake_check_pairs): action 'serve' (the target) or
+    'probe' (the initiator, writing to opts['target']). opts: tool, protocol, size, port, and for probe target,
+    duration, min_ratio. A GPU-memory end runs the tool with its python and adds --memory/--gpu."""
+    argv = ([end['python']] if end.get('python') else []) + [opts['tool'], action]
+    common = ['--host-ip=%s' % end['ip'], '--protocol=%s' % opts['protocol'], '--device=%s' % end['device']]
+    if action == 'serve':
+        argv += common + ['--size=%s' % opts['size'], '--control-port=%s' % opts['port'], '--timeout=300']
+    elif action == 'probe':
+        argv += ['--json'] + common + ['--target=%s' % opts['target'], '--control-port=%s' % opts['port'],
+                                       '--size=%s' % opts['size'], '--duration=%s' % opts['duration'],
+                                       '--min-ratio=%s' % opts['min_ratio']]
+    else:
+        raise AnsibleFilterError('mooncake_check_argv: action %r is not serve or probe' % (action,))
+    if end.get('memory') == 'cuda':
+        argv += ['--memory=cuda', '--gpu=%d' % end['gpu']]
+    return argv
 
 
 def vllm_endpoints(hosts, hostvars, settings_key=None, default_bootstrap_port=None):
@@ -437,6 +495,7 @@ class FilterModule(object):
             'bundle_vllm_tp': vllm_tp,
             'bundle_vllm_side_channel_ports': vllm_side_channel_ports,
             'bundle_mooncake_check_pairs': mooncake_check_pairs,
+            'bundle_mooncake_check_argv': mooncake_check_argv,
             'bundle_vllm_engine_nics': vllm_engine_nics,
             'bundle_vllm_endpoints': vllm_endpoints,
             'bundle_router_argv': router_argv,

@@ -5,6 +5,7 @@
 - bundle_status_expected: {host: [units the inventory puts there]} (groups | bundle_status_expected(hostvars))
 - bundle_status_host_rows: one host's unit rows from what its probes returned (see host_rows)
 - bundle_status_units: every expected unit's row; a host that did not report gets 'unreachable' rows
+- bundle_status_gpu_host: one vLLM host's GPU line (driver, CUDA, persistence, fabric manager, GPUDirect)
 
 Input, one dict per cluster, assembled by the playbook from what each host reported:
   name:  cluster name
@@ -21,6 +22,8 @@ Input, one dict per cluster, assembled by the playbook from what each host repor
               mooncake-check reports it), ratio, min_ratio, floor_met, error}]; one per instance pair,
               so a matrix cell (host pair) may hold several: it shows the slowest, and is red if any is
 
+  gpu_hosts: one line per vLLM host (bundle_status_gpu_host): host, platform, driver, cuda, gpus, persistence,
+         fabric_manager, gpudirect, problems; a cpu host has platform 'cpu' and n/a elsewhere
   master_ha: whether the masters run HA (their leader is elected through etcd)
   master_views: etcd's master view as each etcd member read it (bundle_status_etcd_view); master rows also carry
          address (their own RPC ip:port) and leader_address (whom their /health follows)
@@ -29,14 +32,18 @@ Red: a unit not running, a failed health probe (unhealthy etcd member, unhealthy
 router /health not 200), no healthy master leader when there are masters, with HA masters etcd's
 master view disagreeing with the masters (plugins/filter/mooncake_etcd.py: no key, no live lease, another
 master than the leader), a failed or missing
-transfer, a transfer whose Mooncake/raw-TCP ratio is below the protocol's floor (floor_met false).
+transfer, a transfer whose Mooncake/raw-TCP ratio is below the protocol's floor (floor_met false), a cuda
+host's GPU problem (no driver loaded; NVSwitch without an active fabric manager of the driver's version;
+no GPUDirect path for rdma_gpudirect: plugins/filter/gpu_checks.py). Persistence off is shown, not red.
 A tcp cluster (no RDMA) shows tcp and n/a for NICs, GID and link rate; that is not red.
 """
 import base64
 import os
 import runpy
 
-_mooncake_etcd = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']('mooncake_etcd')
+_load = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
+_mooncake_etcd = _load('mooncake_etcd')
+_gpu_checks = _load('gpu_checks')
 
 RED = 'RED'
 OK = 'ok'
@@ -163,6 +170,7 @@ def bundle_status_red(data):
     if _masters(units) and not _has_leader(units):
         red.append('mooncake-master: no healthy leader')
     red.extend('mooncake-master: %s' % p for p in _master_view_red(data))
+    red.extend('%s: %s' % (g.get('host'), p) for g in data.get('gpu_hosts') or [] for p in g.get('problems') or [])
     if data.get('transfer_check', True):
         seen = _transfers(data)
         for src in data.get('prefills') or []:
@@ -224,6 +232,13 @@ def bundle_status_table(data):
     view_line = _master_view_line(data)
     if view_line:
         out.extend(['', view_line])
+    gpu_hosts = data.get('gpu_hosts') or []
+    if gpu_hosts:
+        out.extend(['', 'GPU stack per vLLM host (gpu_facts; cpu hosts: n/a)'])
+        out.extend(_table(['', 'host', 'platform', 'driver', 'CUDA', 'GPUs', 'persistence', 'fabric manager', 'GPUDirect'],
+                          [[RED if g.get('problems') else OK] + [_txt(g.get(k), 'n/a') for k in
+                            ('host', 'platform', 'driver', 'cuda', 'gpus', 'persistence', 'fabric_manager', 'gpudirect')]
+                           for g in gpu_hosts]))
 
     prefills, decodes = data.get('prefills') or [], data.get('decodes') or []
     if prefills and decodes:
@@ -352,6 +367,59 @@ def bundle_status_host_rows(r):
     return [dict(row, host=r.get('host')) for row in rows]
 
 
+def _persistence(smi_gpus):
+    modes = [g.get('persistence_mode') for g in smi_gpus]
+    if not modes:
+        return '?'
+    off = sum(1 for m in modes if m == 'Disabled')
+    return 'on' if not off else 'off on %d of %d' % (off, len(modes))
+
+
+def _fabric_manager(facts):
+    """(cell, problem or None): n/a without NVSwitch; else active/inactive and the version beside the driver's."""
+    if not facts.get('nvswitches'):
+        return 'n/a (no NVSwitch)', None
+    fm, driver = facts.get('fabricmanager') or {}, facts.get('driver_version')
+    state = {True: 'active', False: 'inactive'}.get(fm.get('active'), '?')
+    cell = '%s %s' % (state, fm.get('version') or '?')
+    if fm.get('active') is False:
+        return cell, ('%d NVSwitch(es) but nvidia-fabricmanager is not active: NCCL and TP > 1 hang. Fix: systemctl '
+                      'enable --now nvidia-fabricmanager' % len(facts['nvswitches']))
+    if fm.get('version') and driver and fm['version'] != driver:
+        return cell + ' != driver', ('nvidia-fabricmanager %s does not match driver %s. Fix: install the fabric '
+                                     'manager of the driver\'s version' % (fm['version'], driver))
+    return cell, None
+
+
+def bundle_status_gpu_host(r):
+    """One vLLM host's GPU line. r: {host, platform (vllm_platform), protocol, facts (ansible_facts.gpu; None when
+    not read), gpudirect (the rdma role's resolved mode of this run, else rdma_gpudirect), load_modules}.
+    Problems (red) reuse plugins/filter/gpu_checks.py: no driver, the fabric manager, no GPUDirect path."""
+    host = r.get('host')
+    if r.get('platform') != 'cuda':
+        return {'host': host, 'platform': r.get('platform') or 'cpu', 'problems': []}
+    facts = r.get('facts')
+    if facts is None:
+        return {'host': host, 'platform': 'cuda', 'driver': '?', 'problems': ['GPU facts not read (gpu_facts failed)']}
+    smi = facts.get('smi') or {}
+    problems = []
+    if not facts.get('driver_version'):
+        problems.append('no NVIDIA driver loaded. Fix: install the driver (gpu_driver_install) and reboot')
+    fm_cell, fm_problem = _fabric_manager(facts)
+    problems.extend([fm_problem] if fm_problem else [])
+    if r.get('protocol') == 'rdma':
+        load = r.get('load_modules', True) not in (False, 'false', 'False', 'no')
+        mode = _gpu_checks.gpudirect_resolve(r.get('gpudirect'), facts, load)
+        gpudirect = mode or '%s: no path' % _txt(r.get('gpudirect'))
+        problems.extend(_gpu_checks.gpudirect_errors(r.get('gpudirect'), facts, host, load))
+    else:
+        gpudirect = 'n/a (%s)' % _txt(r.get('protocol'))
+    return {'host': host, 'platform': 'cuda', 'driver': facts.get('driver_version') or 'none',
+            'cuda': smi.get('cuda_version') or '?', 'gpus': len(facts.get('gpus') or []),
+            'persistence': _persistence(smi.get('gpus') or []), 'fabric_manager': fm_cell, 'gpudirect': gpudirect,
+            'problems': problems}
+
+
 def bundle_status_etcd_view(r):
     """etcd's master view as one member read it: {host, value ('ip:port' or None: no key), lease_ttl (seconds
     left, None: no lease), granted_ttl, error (None when read)}; None when the member did not read it (no HA).
@@ -400,4 +468,5 @@ class FilterModule(object):
             'bundle_status_host_rows': bundle_status_host_rows,
             'bundle_status_units': bundle_status_units,
             'bundle_status_etcd_view': bundle_status_etcd_view,
+            'bundle_status_gpu_host': bundle_status_gpu_host,
         }

@@ -7,7 +7,9 @@
          same pair, the two interleaved round by round; --min-ratio makes the ratio a floor.
   store  put/get round trip through mooncake_master (put on one host, get on another).
 
-Only the standard library and the mooncake wheel are used, so it runs in /opt/mooncake/venv.
+Host memory (the default) needs only the standard library and the mooncake wheel, so it runs in
+/opt/mooncake/venv. --memory cuda registers GPU memory on --gpu instead, as vLLM's KV cache is
+(GPU -> NIC -> NIC -> GPU); it needs torch and a CUDA build of the wheel: run it with the vLLM venv's python.
 """
 import argparse
 import ctypes
@@ -47,7 +49,7 @@ def gbps(nbytes, seconds):
 
 
 def build_result(source, target, protocol, nbytes, sha_src, sha_dst, mc_times, tcp_times, direction="write",
-                 duration=None, min_ratio=0.0, device=(), hcas=(), gid_index=None):
+                 duration=None, min_ratio=0.0, device=(), hcas=(), gid_index=None, memory=("host", "host")):
     """The JSON document probe prints. mc_times/tcp_times: seconds of each full-buffer round per
     side, interleaved (tcp_times None: no baseline). *_gbps are Gbit/s over all rounds. ratio is the
     median over rounds of (raw TCP round time / the Mooncake round just before it): each pair ran
@@ -67,7 +69,8 @@ def build_result(source, target, protocol, nbytes, sha_src, sha_dst, mc_times, t
             "tcp_gbps": None if tcp_s is None else gbps(moved, tcp_s),
             "ratio": ratio, "min_ratio": min_ratio,
             "floor_met": min_ratio <= 0 or (ratio is not None and ratio >= min_ratio),
-            "device": list(device), "hcas": sorted(hcas), "gid_index": gid_index}
+            "device": list(device), "hcas": sorted(hcas), "gid_index": gid_index,
+            "source_memory": memory[0], "target_memory": memory[1]}
 
 
 def interleave(mooncake_round, tcp_round, duration, min_rounds, prepare=None, clock=time.perf_counter):
@@ -122,20 +125,90 @@ class Channel:
 
 
 class Buffer:
-    """Plain CPU memory (no numpy: the wheel does not depend on it), zeroed by ctypes."""
+    """Plain CPU memory (no numpy: the wheel does not depend on it), zeroed by ctypes.
+
+    addr is the memory the engine registers and moves; mem (at host_addr) is what the check fills, stamps,
+    sends over raw TCP and hashes. Here they are one buffer, so push and pull do nothing."""
+    kind = "host"
 
     def __init__(self, n):
         self.mem, self.size = ctypes.create_string_buffer(n), n
-        self.addr = ctypes.addressof(self.mem)
+        self.host_addr = self.addr = ctypes.addressof(self.mem)
 
     def register(self, engine):
         rc = engine.register_memory(self.addr, self.size)
-        if rc != 0:  # -202 is usually memlock (LimitMEMLOCK=infinity)
-            raise RuntimeError(f"register_memory({self.size}) returned {rc}")
+        if rc != 0:  # -202 is usually memlock (LimitMEMLOCK=infinity); GPU memory: no GPUDirect path
+            raise RuntimeError(f"register_memory({self.size}, {self.kind}) returned {rc}")
         return self
 
+    def push(self):
+        """The host copy -> the moved memory (after the check changed the host copy)."""
+
+    def pull(self):
+        """The moved memory -> the host copy (before the check reads it)."""
+
     def fill(self, data):
-        ctypes.memmove(self.addr, data, len(data))
+        ctypes.memmove(self.host_addr, data, len(data))
+        self.push()
+
+
+class GpuBuffer(Buffer):
+    """GPU memory (where vLLM keeps KV) on one device, beside a host copy of the same size: the payload, the
+    stamps and sha256 go through the host copy, copied in before each round and out after the transfers, both
+    untimed. device allocates and copies: TorchCuda on a GPU host, a fake in unit tests."""
+
+    def __init__(self, n, device):
+        super().__init__(n)
+        self.device, self.kind = device, device.name
+        self.addr = device.alloc(n)
+        self.push()  # zeroed, like host memory
+
+    def push(self):
+        self.device.copy_in(self.addr, self.host_addr, self.size)
+
+    def pull(self):
+        self.device.copy_out(self.host_addr, self.addr, self.size)
+
+
+class TorchCuda:
+    """GPU memory from torch (the vLLM venv's): one uint8 tensor per alloc; its data_ptr() is what the engine
+    registers (the engine finds the GPU from the pointer). Host <-> GPU copies are synchronous."""
+
+    def __init__(self, index):
+        try:  # only on this path: the mooncake venv has no torch
+            import torch
+        except ImportError as e:
+            raise RuntimeError(f"--memory cuda needs torch ({e}): run the check with the vLLM venv's python") from e
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise RuntimeError(f"--memory cuda --gpu {index}, but torch {torch.__version__} sees "
+                               f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no'} CUDA device(s) "
+                               f"(CUDA_VISIBLE_DEVICES={visible!r}): driver not loaded, or no such GPU")
+        self.torch, self.name, self.tensors = torch, f"cuda:{index}", {}
+
+    def alloc(self, n):
+        t = self.torch.zeros(n, dtype=self.torch.uint8, device=self.name)
+        self.tensors[t.data_ptr()] = t  # keep it alive while the engine holds the registration
+        return t.data_ptr()
+
+    def _host(self, addr, n):
+        return self.torch.frombuffer((ctypes.c_char * n).from_address(addr), dtype=self.torch.uint8)
+
+    def copy_in(self, dev_addr, host_addr, n):
+        self.tensors[dev_addr][:n].copy_(self._host(host_addr, n))
+        self.torch.cuda.synchronize(self.name)
+
+    def copy_out(self, host_addr, dev_addr, n):
+        self.torch.cuda.synchronize(self.name)
+        self._host(host_addr, n).copy_(self.tensors[dev_addr][:n])
+
+
+def make_buffer(a, gpu_device=TorchCuda):
+    """The buffer the check moves: host memory, or --memory cuda on GPU --gpu (gpu_device(index): the
+    allocator, injected by tests)."""
+    if a.memory == "cuda":
+        return GpuBuffer(a.size, gpu_device(a.gpu))
+    return Buffer(a.size)
 
 
 def topology_hcas(text):
@@ -156,15 +229,19 @@ def gid_index_env():
         return value or None
 
 
-def make_engine(host_ip, protocol, device):
+def make_engine(host_ip, protocol, device, memory="host"):
     """(engine, HCAs the engine's topology lists; empty for tcp)."""
     forced = os.environ.get("MC_FORCE_TCP", "").lower() not in ("", "0", "false", "no")
     if protocol == "tcp":  # else the engine still brings up RDMA where HCAs exist
         os.environ.setdefault("MC_FORCE_TCP", "1")
     elif forced:
         raise RuntimeError("--protocol rdma with MC_FORCE_TCP set: the engine would use TCP")
-    from mooncake.engine import TransferEngine
-    te = TransferEngine()
+    import mooncake.engine as mc_engine
+    # A non-CUDA wheel would treat the GPU pointer as host memory and fail (or fault) on it.
+    if memory == "cuda" and getattr(mc_engine, "SUPPORT_CUDA", True) is False:
+        raise RuntimeError(f"--memory cuda, but the mooncake wheel at {os.path.dirname(mc_engine.__file__)} is not a "
+                           "CUDA build (SUPPORT_CUDA false): run the check with the vLLM venv's python")
+    te = mc_engine.TransferEngine()
     rc = te.initialize(host_ip, "P2PHANDSHAKE", protocol, device or "")
     if rc != 0:
         raise RuntimeError(f"initialize({host_ip}, P2PHANDSHAKE, {protocol}) returned {rc}")
@@ -190,6 +267,7 @@ def serve_session(ch, buf, hello):
         req = ch.recv()
         op = req.get("op")
         if op == "verify":
+            buf.pull()
             ch.send({"sha256": sha256_hex(buf.mem)})
         elif op == "fill":  # for --read: content the probe can rebuild from the seed
             buf.fill(payload(req["seed"], buf.size))
@@ -206,13 +284,14 @@ def serve_session(ch, buf, hello):
 
 
 def cmd_serve(a):
-    te, hcas = make_engine(a.host_ip, a.protocol, a.device)
-    buf = Buffer(a.size).register(te)
-    hello = {"rpc_port": te.get_rpc_port(), "buffer_addr": buf.addr, "size": a.size, "protocol": a.protocol}
+    te, hcas = make_engine(a.host_ip, a.protocol, a.device, a.memory)
+    buf = make_buffer(a).register(te)
+    hello = {"rpc_port": te.get_rpc_port(), "buffer_addr": buf.addr, "size": a.size, "protocol": a.protocol,
+             "memory": buf.kind}
     lsock = socket.create_server((a.host_ip, a.control_port))
     deadline = time.monotonic() + a.timeout
     log(f"serving {hello} control {a.host_ip}:{a.control_port}, devices {sorted(hcas) or '-'}, "
-        f"MC_GID_INDEX {gid_index_env()}")
+        f"MC_GID_INDEX {gid_index_env()}, WITH_NVIDIA_PEERMEM {os.environ.get('WITH_NVIDIA_PEERMEM')}")
     while (left := deadline - time.monotonic()) > 0:
         lsock.settimeout(left)
         try:
@@ -237,7 +316,7 @@ STAMP_STRIDE = 64 << 10  # the engine's default slice size: every slice of a wri
 def cmd_probe(a):
     if a.min_ratio > 0 and a.no_tcp:
         raise ValueError("--min-ratio needs the raw TCP baseline (drop --no-tcp)")
-    te, hcas = make_engine(a.host_ip, a.protocol, a.device)
+    te, hcas = make_engine(a.host_ip, a.protocol, a.device, a.memory)
     sock = socket.create_connection((a.target, a.control_port), timeout=a.timeout)
     ch = Channel(sock)
     try:
@@ -266,13 +345,13 @@ def verdict(res):
     return 0
 
 
-def measure(a, te, ch, hello, hcas=()):
+def measure(a, te, ch, hello, hcas=(), gpu_device=TorchCuda):
     if hello.get("protocol") != a.protocol:
         raise RuntimeError(f"protocol mismatch: target {hello.get('protocol')}, probe {a.protocol}")
     if a.size > hello["size"]:
         raise RuntimeError(f"--size {a.size} exceeds target buffer {hello['size']}")
     n, peer, direction = a.size, f"{a.target}:{hello['rpc_port']}", "read" if a.read else "write"
-    buf = Buffer(n).register(te)
+    buf = make_buffer(a, gpu_device).register(te)
     seed = int.from_bytes(os.urandom(8), "little")  # fresh per run: stale target data cannot match
     # Slices of at most --chunk bytes, sent as one batch.
     offs = list(range(0, n, a.chunk))
@@ -292,11 +371,12 @@ def measure(a, te, ch, hello, hcas=()):
         """Make each round's bytes provable: a read lands in a zeroed buffer; a write carries the
         round number every STAMP_STRIDE bytes, so the final sha256 matches only the last round."""
         if a.read:
-            ctypes.memset(buf.addr, 0, n)
+            ctypes.memset(buf.host_addr, 0, n)
         else:
             stamp = r.to_bytes(8, "little")
             for o in stamps:
-                ctypes.memmove(buf.addr + o, stamp, min(8, n - o))
+                ctypes.memmove(buf.host_addr + o, stamp, min(8, n - o))
+        buf.push()
 
     def mooncake_round(r):
         rc = xfer(peer, srcs, dsts, lens)
@@ -313,14 +393,15 @@ def measure(a, te, ch, hello, hcas=()):
     mc_times, tcp_times, wall = interleave(mooncake_round, None if a.no_tcp else tcp_round,
                                            a.duration, a.iterations, prepare)
     if a.read:
+        buf.pull()
         got = sha256_hex(buf.mem)
-    else:
+    else:  # the host copy holds what the last round pushed
         want = sha256_hex(buf.mem)
         ch.send({"op": "verify"})
         got = ch.recv()["sha256"]
     return build_result(a.host_ip, a.target, a.protocol, n, want, got, mc_times, tcp_times, direction,
                         duration=wall, min_ratio=a.min_ratio, device=device_list(a.device),
-                        hcas=hcas, gid_index=gid_index_env())
+                        hcas=hcas, gid_index=gid_index_env(), memory=(buf.kind, hello.get("memory", "host")))
 
 
 def put_with_retries(st, key, data, attempts, pause=2.0):
@@ -407,8 +488,15 @@ def build_parser():
         sp.add_argument("--protocol", choices=["tcp", "rdma"], default="rdma")
         sp.add_argument("--device", default="", help="comma list of RDMA devices, e.g. mlx5_0,mlx5_1")
 
+    def memory_opts(sp):
+        sp.add_argument("--memory", choices=["host", "cuda"], default="host",
+                        help="memory the engine moves: host, or GPU memory on --gpu (needs torch, a CUDA wheel)")
+        sp.add_argument("--gpu", type=int, default=0,
+                        help="CUDA device index for --memory cuda, as CUDA_VISIBLE_DEVICES numbers GPUs")
+
     s = sub.add_parser("serve", help="target side")
     engine_opts(s)
+    memory_opts(s)
     s.add_argument("--size", type=parse_size, default="64MiB")
     s.add_argument("--control-port", type=int, default=18800)
     s.add_argument("--timeout", type=float, default=300, help="exit 2 if no 'bye' within this many seconds")
@@ -416,6 +504,7 @@ def build_parser():
 
     r = sub.add_parser("probe", help="initiator side")
     engine_opts(r)
+    memory_opts(r)
     r.add_argument("--target", required=True)
     r.add_argument("--control-port", type=int, default=18800)
     r.add_argument("--size", type=parse_size, default="64MiB")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Router overhead: the same requests through vllm-router and through direct PD orchestration.
+"""Router overhead: the same requests through vllm-router and through direct PD orchestration (and, with
+--entry, through the entry: HAProxy behind the VIP, in front of the routers).
 
 Runs on a cluster host (the router host; vLLM ports admit cluster hosts only), standard library only.
 The direct path speaks vLLM's P2P MooncakeConnector protocol itself, field for field what
@@ -17,12 +18,17 @@ Prefill and decode are picked round robin, as the bundle's router is configured.
 
 1. proof: a few direct requests alone; decode's /metrics must show the prompt tokens arriving by
    KV transfer (vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} rises), or exit 3.
-2. timing: N rounds, each one request through the router and one direct, alternating which goes
-   first, sequential (one request in flight), unique prompts of one length (no prefix-cache hits).
-Prints one JSON document: p50/p99/mean latency per path and the router/direct ratios.
+2. timing: N rounds, each one request through the router and one direct (and one through the entry),
+   the order rotating from round to round, sequential (one request in flight), unique prompts of one
+   length (no prefix-cache hits).
+Prints one JSON document: p50/p99/mean latency per path, the router/direct ratios and, with --entry, the
+entry/router ratios (what HAProxy and the VIP add in front of the router).
 
   router_overhead.py --router http://127.0.0.1:8000 --prefill http://10.0.0.1:8100=8998 \
-      --decode http://10.0.0.3:8200 --model m --requests 40
+      --decode http://10.0.0.3:8200 --model m --requests 40 [--entry https://10.0.0.50:443 --entry-ca ca.crt]
+
+Keys are on no command line: --key-file (a 0600 JSON file {"router": KEY, "entry": KEY}, what the playbook
+writes), else the environment (ROUTER_API_KEY, ENTRY_API_KEY). Nothing this script prints or raises holds one.
 """
 
 import argparse
@@ -30,6 +36,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import ssl
 import sys
 import threading
 import time
@@ -68,6 +75,13 @@ def paired_delta_ms(router_s, direct_s):
 
 def ratios(router, direct):
     return {k: round(router[k + "_ms"] / direct[k + "_ms"], 4) for k in ("p50", "p99", "mean")}
+
+
+def round_order(paths, i):
+    """The paths of round i, rotated by i: each path goes first (and last) as often as the others, so a path
+    gains nothing from where it stands in a round (two paths: alternating)."""
+    k = i % len(paths)
+    return list(paths[k:]) + list(paths[:k])
 
 
 def parse_prefill(spec):
@@ -116,6 +130,14 @@ def metric_sum(text, name, labels):
     return total
 
 
+def read_keys(path, router_key="", entry_key=""):
+    """(router key, entry key) from the JSON key file {"router": ..., "entry": ...}; a missing or empty field
+    keeps the given default."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    return doc.get("router") or router_key, doc.get("entry") or entry_key
+
+
 def make_prompt(nonce, words):
     """A prompt of a fixed shape led by a unique nonce (no prefix-cache hits across requests)."""
     parts = ["Request", "%s." % nonce]
@@ -131,20 +153,24 @@ def make_prompt(nonce, words):
 class Http:
     """Keep-alive connections per thread and per host (the router pools its backend connections too)."""
 
-    def __init__(self, timeout):
+    def __init__(self, timeout, tls=None):
         self.timeout = timeout
+        self.tls = tls  # the ssl context of https URLs (the entry's CA), else the system's CAs
         self.local = threading.local()
 
     def request(self, method, url, body=None, headers=None):
         parts = urllib.parse.urlsplit(url)
         conns = self.local.__dict__.setdefault("conns", {})
-        key = (parts.hostname, parts.port)
+        key = (parts.scheme, parts.hostname, parts.port)
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json"} if data is not None else {}
         hdrs.update(headers or {})
         for attempt in (1, 2):
             conn = conns.get(key)
-            if conn is None:
+            if conn is None and parts.scheme == "https":
+                conn = conns[key] = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=self.timeout,
+                                                                context=self.tls or ssl.create_default_context())
+            elif conn is None:
                 conn = conns[key] = http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.timeout)
             try:
                 conn.request(method, parts.path or "/", body=data, headers=hdrs)
@@ -164,7 +190,7 @@ class Http:
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.http = Http(args.timeout)
+        self.http = Http(args.timeout, ssl.create_default_context(cafile=args.entry_ca) if args.entry_ca else None)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
         self.prefills = []
         for spec in args.prefill:
@@ -175,6 +201,8 @@ class Bench:
         self.next = 0
         # The routers' key: the router gets it, and so does every vLLM instance, which demands it on /v1/*.
         self.auth = auth_headers(args.api_key)
+        # The entry takes a client key of its own (entry_keys) and puts the routers' key on what it forwards.
+        self.entry_auth = auth_headers(args.entry_api_key)
 
     def request(self):
         return {"model": self.args.model, "prompt": make_prompt(uuid.uuid4().hex, self.args.prompt_words),
@@ -185,6 +213,13 @@ class Bench:
         t0 = time.perf_counter()
         out = json.loads(self.http.request("POST", self.args.router.rstrip("/") + "/v1/completions", req,
                                            self.auth))
+        return time.perf_counter() - t0, out
+
+    def via_entry(self):
+        req = self.request()
+        t0 = time.perf_counter()
+        out = json.loads(self.http.request("POST", self.args.entry.rstrip("/") + "/v1/completions", req,
+                                           self.entry_auth))
         return time.perf_counter() - t0, out
 
     def direct(self):
@@ -212,9 +247,11 @@ class Bench:
 
 def run(args):
     bench = Bench(args)
+    send = {"router": bench.via_router, "direct": bench.direct, "entry": bench.via_entry}
+    paths = ["router", "direct"] + (["entry"] if args.entry else [])
     for _ in range(args.warmup):
-        bench.via_router()
-        bench.direct()
+        for path in paths:
+            send[path]()
 
     # 1. proof: the direct path really moves KV (decode computes next to nothing of the prompt)
     ext0, local0 = bench.decode_counters()
@@ -232,18 +269,22 @@ def run(args):
     # decode may recompute the last token of each prompt; everything else must arrive by transfer
     proof["ok"] = proof["external_kv_transfer"] >= prompt_tokens - 2 * len(bench.decodes)
 
-    # 2. timing, interleaved: one round = one router request and one direct request, order alternating
-    lat = {"router": [], "direct": []}
+    # 2. timing, interleaved: one round = one request per path, the order rotating (round_order)
+    lat = {path: [] for path in paths}
     for i in range(args.requests):
-        order = ("router", "direct") if i % 2 == 0 else ("direct", "router")
-        for path in order:
-            seconds, _ = bench.via_router() if path == "router" else bench.direct()
+        for path in round_order(paths, i):
+            seconds, _ = send[path]()
             lat[path].append(seconds)
     router, direct = summarize(lat["router"]), summarize(lat["direct"])
-    return {"requests_per_path": args.requests, "prompt_words": args.prompt_words, "max_tokens": args.max_tokens,
-            "router": router, "direct": direct, "ratio_router_over_direct": ratios(router, direct),
-            "paired_median_delta_ms": paired_delta_ms(lat["router"], lat["direct"]),
-            "kv_proof": proof, "prefills": [p[0] for p in bench.prefills], "decodes": bench.decodes}
+    result = {"requests_per_path": args.requests, "prompt_words": args.prompt_words, "max_tokens": args.max_tokens,
+              "router": router, "direct": direct, "ratio_router_over_direct": ratios(router, direct),
+              "paired_median_delta_ms": paired_delta_ms(lat["router"], lat["direct"]),
+              "kv_proof": proof, "prefills": [p[0] for p in bench.prefills], "decodes": bench.decodes}
+    if args.entry:
+        entry = summarize(lat["entry"])
+        result.update({"entry": entry, "entry_url": args.entry, "ratio_entry_over_router": ratios(entry, router),
+                       "paired_median_entry_minus_router_ms": paired_delta_ms(lat["entry"], lat["router"])})
+    return result
 
 
 def main(argv=None):
@@ -259,7 +300,15 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=120, help="seconds per HTTP request")
     ap.add_argument("--api-key", default=os.environ.get("ROUTER_API_KEY", ""),
                     help="the routers' API key, which the vLLM instances demand too (default: $ROUTER_API_KEY)")
+    ap.add_argument("--entry", default="", help="the entry's base URL (https://VIP:PORT): time it too")
+    ap.add_argument("--entry-ca", default="", help="CA certificate that verifies the entry (default: the system's CAs)")
+    ap.add_argument("--entry-api-key", default=os.environ.get("ENTRY_API_KEY", ""),
+                    help="a client key of the entry (default: $ENTRY_API_KEY)")
+    ap.add_argument("--key-file", default="",
+                    help='JSON {"router": KEY, "entry": KEY} (0600): the keys, instead of the environment')
     args = ap.parse_args(argv)
+    if args.key_file:
+        args.api_key, args.entry_api_key = read_keys(args.key_file, args.api_key, args.entry_api_key)
     result = run(args)
     print(json.dumps(result))
     return 0 if result["kv_proof"]["ok"] else 3

@@ -10,15 +10,18 @@ model=$(labinv var vllm_served_model_name)
 first=$(labinv instances | sed -n 1p)
 if [[ -n "$ca" ]]; then
   # The entry (HAProxy behind the keepalived VIP): TLS from the lab's entry CA, a client key from the lab's
-  # vault (LAB ONLY password). The key is read into a variable, not printed.
+  # vault (LAB ONLY password). No key is printed: the first line reads the key "lab" into KEY with ansible-vault
+  # (run from the repository root, where `make lab` runs). README.md shows the same lines
+  # (tests/unit/test_lab_scripts.py compares them).
+  vault=molecule/default/inventory/group_vars/entry/vault.yml
   cat <<MSG
 
 The lab is up. Entry (HAProxy + keepalived VIP, TLS, client keys) in front of the routers:  $url
 
-  key=\$(.venv/bin/ansible-vault view --vault-password-file molecule/default/vault-pass-LAB-ONLY \\
-        molecule/default/inventory/group_vars/entry/vault.yml | sed -n 's/^ *lab: //p')
-  printf 'Authorization: Bearer %s\\n' "\$key" | curl -s --cacert $ca $url/v1/completions -H @- \\
-    -H 'Content-Type: application/json' \\
+  KEY=\$(.venv/bin/ansible-vault view --vault-password-file molecule/default/vault-pass-LAB-ONLY \\
+        $vault | sed -n 's/^ *lab: //p')
+  curl -s --cacert ${ca/#$HOME/\~} -H "Authorization: Bearer \$KEY" \\
+    -H 'Content-Type: application/json' $url/v1/completions \\
     -d '{"model": "$model", "prompt": "The prefill host computes the KV cache and", "max_tokens": 16}'
 MSG
 else

@@ -7,8 +7,12 @@ falls back to the roles' defaults (DEFAULTS, read from roles/*/defaults/main.yml
 """
 import json
 import os
+import re
 import shlex
+import ssl
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -74,6 +78,78 @@ def curl_json(host, url, data=None, timeout=120, headers=None):
         cmd += " -d '%s'" % json.dumps(data).replace("'", "'\\''")
     out = host.check_output(cmd)
     return json.loads(out)
+
+
+# --- the entry (roles/entry): what a user of the OpenAI API has ---------------------------------------------
+
+ENTRY_DEFAULTS = role_defaults('entry_port', 'entry_health_path', 'entry_check_port')
+
+
+def entry_cfg(h):
+    """The entry role's settings for h: its defaults overlaid by the inventory."""
+    v = dict(ENTRY_DEFAULTS)
+    v.update(hvars(h))
+    return v
+
+
+def inventory_value(value, v):
+    """A value as the inventory gives it: "{{ name }}" is that variable, the HOME lookup is this user's home."""
+    if not isinstance(value, str):
+        return value
+    m = re.fullmatch(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}", value.strip())
+    if m:
+        return inventory_value(v[m.group(1)], v)
+    home = "{{ lookup('ansible.builtin.env', 'HOME') }}"
+    if value.startswith(home):
+        return os.path.expanduser('~') + value[len(home):]
+    if '{{' in value:
+        raise AssertionError('cannot read %r here: set PD_ENTRY_KEY / PD_ENTRY_CA' % value)
+    return value
+
+
+def entry_hosts(h):
+    return groups(h).get('entry', [])
+
+
+def first_entry(h):
+    """Tests that look at the whole entry, or go through it, run once: on the first entry host."""
+    return in_group(h, 'entry') and hvars(h)['inventory_hostname'] == entry_hosts(h)[0]
+
+
+def entry_client(h):
+    """(base URL, key name, key, TLS context) as a user of the entry has them: https://VIP:PORT (the host's own
+    address without a VIP), the key PD_ENTRY_KEY (and PD_ENTRY_KEY_NAME), else the first of the inventory's
+    entry_keys, and the CA PD_ENTRY_CA, else entry_tls_ca_dir/ca.crt (the bundle's entry CA on the controller)."""
+    v = entry_cfg(h)
+    keys = inventory_value(v.get('entry_keys'), v) or {}
+    name = os.environ.get('PD_ENTRY_KEY_NAME') or (sorted(keys)[0] if keys else None)
+    key = os.environ.get('PD_ENTRY_KEY') or keys.get(name)
+    assert key, 'no entry key: set PD_ENTRY_KEY, or entry_keys in the inventory (with its vault password)'
+    ca = os.environ.get('PD_ENTRY_CA') or str(Path(inventory_value(v['entry_tls_ca_dir'], v)) / 'ca.crt')
+    assert Path(ca).is_file(), 'no entry CA at %s: set PD_ENTRY_CA' % ca
+    host = inventory_value(v.get('entry_vip'), v) or v['common_host_ip']
+    port = int(v['entry_port'])
+    return 'https://%s:%d' % (host, port), name, key, ssl.create_default_context(cafile=ca)
+
+
+def entry_open(base, path, ctx, key=None, method='GET', data=None, body=None, timeout=30):
+    """urlopen of base+path with the Bearer key (if any); body: a JSON document to send. Raises HTTPError on
+    a status other than 2xx (neither carries the key)."""
+    headers = {'Authorization': 'Bearer %s' % key} if key else {}
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers['Content-Type'] = 'application/json'
+    req = urllib.request.Request(base + path, method=method, data=data, headers=headers)
+    return urllib.request.urlopen(req, timeout=timeout, context=ctx)
+
+
+def entry_call(base, path, ctx, key=None, method='GET', data=None, body=None, timeout=30):
+    """(status, response text) of one request through the entry (entry_open)."""
+    try:
+        with entry_open(base, path, ctx, key, method, data, body, timeout) as resp:
+            return resp.status, resp.read().decode(errors='replace')
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors='replace')
 
 
 def _load_router_overhead():

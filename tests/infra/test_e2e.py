@@ -1,12 +1,17 @@
-"""End to end through vllm-router: a long prompt is prefilled on a prefill instance and its KV
-arrives at decode by external transfer, which decode's /metrics must show."""
+"""End to end, as a client sends requests: a long prompt is prefilled on a prefill instance and its KV arrives at
+decode by external transfer, which decode's /metrics must show. Two paths, the same requests and the same proof:
+- router: curl on each router host to its vllm-router, with the routers' key;
+- entry (when the inventory has an entry group): from this machine through the entry's VIP (HAProxy, roles/entry),
+  https verified with the entry CA and a client key (conftest.entry_client), once, on the first entry host.
+"""
 import json
 import re
 import uuid
 
 import pytest
 
-from conftest import curl_json, deployed_kv_config, router_auth_headers, groups, hvars, in_group, metric_value, other_host, wait_until
+from conftest import (curl_json, deployed_kv_config, entry_client, entry_open, first_entry, groups, hvars, in_group,
+                      metric_value, other_host, router_auth_headers, wait_until)
 
 # Over 256 tokens with any tokenizer: KV moves in whole blocks (128 tokens on CPU).
 # A fresh nonce leads every prompt: otherwise decode's prefix cache serves an earlier run's KV
@@ -117,52 +122,112 @@ def kv_request(request, host, send, what):
         return
 
 
-@pytest.fixture
-def router(host):
-    if not in_group(host, 'vllm_router'):
-        pytest.skip('runs on the router host')
-    v = hvars(host)
-    # The API key (when deployed) goes with every request, as a client holding it would send it.
-    v = dict(v, auth=router_auth_headers(host))
-    bind = str(v.get('vllm_router_host') or v['common_host_ip'])  # roles/vllm_router: the cluster address by default
-    return host, 'http://%s:%s' % ('127.0.0.1' if bind == '0.0.0.0' else bind, v['vllm_router_port']), v
+class RouterApi:
+    """The API of a router host's own vllm-router, called with curl on that host."""
+    via = 'the router'
+
+    def __init__(self, host):
+        v = hvars(host)
+        bind = str(v.get('vllm_router_host') or v['common_host_ip'])  # roles/vllm_router: the cluster address by default
+        self.host = host
+        self.base = 'http://%s:%s' % ('127.0.0.1' if bind == '0.0.0.0' else bind, v['vllm_router_port'])
+        # The API key (when deployed) goes with every request, as a client holding it would send it.
+        self.auth = router_auth_headers(host)
+
+    def get(self, path):
+        return curl_json(self.host, self.base + path, headers=self.auth)
+
+    def post(self, path, body):
+        return curl_json(self.host, self.base + path, body, headers=self.auth)
+
+    def stream(self, path, body):
+        """The response's lines (curl -N reads the stream to its end)."""
+        data = json.dumps(body).replace("'", "'\\''")
+        auth = ''.join(" -H '%s'" % h for h in self.auth)
+        return self.host.check_output("curl -sS -N --fail-with-body -m 120 -H 'Content-Type: application/json'%s "
+                                      "%s%s -d '%s'" % (auth, self.base, path, data)).splitlines()
 
 
-def model_name(host, base, v):
-    return curl_json(host, base + '/v1/models', headers=v['auth'])['data'][0]['id']
+class EntryApi:
+    """The API through the entry, from this machine: https://VIP:PORT, the entry CA, a client key."""
+    via = 'the entry'
+
+    def __init__(self, host):
+        self.host = host
+        self.base, _, self.key, self.ctx = entry_client(host)
+
+    def _json(self, path, body=None):
+        with entry_open(self.base, path, self.ctx, self.key, 'POST' if body is not None else 'GET', body=body,
+                        timeout=120) as resp:
+            return json.loads(resp.read())
+
+    def get(self, path):
+        return self._json(path)
+
+    def post(self, path, body):
+        return self._json(path, body)
+
+    def stream(self, path, body):
+        """The response's lines as they arrive, up to the event data: [DONE]."""
+        lines = []
+        with entry_open(self.base, path, self.ctx, self.key, 'POST', body=body, timeout=120) as resp:
+            for raw in resp:
+                lines.append(raw.decode().rstrip('\r\n'))
+                if lines[-1] == 'data: [DONE]':
+                    break
+        return lines
 
 
-def test_completion_kv_arrives_by_transfer(router, request):
-    host, base, v = router
-    model = model_name(host, base, v)
+@pytest.fixture(params=['router', 'entry'])
+def api(request, host):
+    """How the requests reach the cluster: through each router host's router, or through the entry's VIP."""
+    if request.param == 'router':
+        if not in_group(host, 'vllm_router'):
+            pytest.skip('runs on the router host')
+        return RouterApi(host)
+    if not groups(host).get('entry'):
+        pytest.skip('the inventory has no entry group')
+    if not first_entry(host):
+        pytest.skip('through the entry once, on the first entry host')
+    return EntryApi(host)
+
+
+def model_name(api):
+    return api.get('/v1/models')['data'][0]['id']
+
+
+def test_completion_kv_arrives_by_transfer(api, request):
+    model = model_name(api)
 
     def send():
-        res = curl_json(host, base + '/v1/completions',
-                        {'model': model, 'prompt': prompt(), 'max_tokens': 8, 'temperature': 0}, headers=v['auth'])
+        res = api.post('/v1/completions', {'model': model, 'prompt': prompt(), 'max_tokens': 8, 'temperature': 0})
         assert res['choices'][0]['text'] != '' and res['usage']['completion_tokens'] > 0, res
         return res['usage']['prompt_tokens']
-    kv_request(request, host, send, 'completion')
+    kv_request(request, api.host, send, 'completion through %s' % api.via)
 
 
-def test_streaming_chat_completion(router, request):
-    host, base, v = router
-    model = model_name(host, base, v)
-    kv_request(request, host, lambda: streamed_chat(host, base, v, model), 'streamed chat')
+def test_streaming_chat_completion(api, request):
+    model = model_name(api)
+    kv_request(request, api.host, lambda: streamed_chat(api, model), 'streamed chat through %s' % api.via)
 
 
-def streamed_chat(host, base, v, model):
-    """One streamed chat completion; its prompt tokens."""
-    body = json.dumps({'model': model, 'stream': True, 'max_tokens': 8, 'temperature': 0,
-                       'stream_options': {'include_usage': True},
-                       'messages': [{'role': 'user', 'content': prompt()}]}).replace("'", "'\\''")
-    auth = ''.join(" -H '%s'" % h for h in v['auth'])
-    out = host.check_output("curl -sS -N --fail-with-body -m 120 -H 'Content-Type: application/json'%s "
-                            "%s/v1/chat/completions -d '%s'" % (auth, base, body))
-    events = [l[len('data: '):] for l in out.splitlines() if l.startswith('data: ')]
-    assert events and events[-1] == '[DONE]', out[-500:]
+def sse_events(lines):
+    """The data of a response's server-sent events (the lines 'data: ...')."""
+    return [line[len('data: '):] for line in lines if line.startswith('data: ')]
+
+
+def streamed_chat(api, model):
+    """One streamed chat completion, its SSE chunks read up to [DONE]; its prompt tokens."""
+    lines = api.stream('/v1/chat/completions',
+                       {'model': model, 'stream': True, 'max_tokens': 8, 'temperature': 0,
+                        'stream_options': {'include_usage': True},
+                        'messages': [{'role': 'user', 'content': prompt()}]})
+    tail = '\n'.join(lines)[-500:]
+    events = sse_events(lines)
+    assert events and events[-1] == '[DONE]', tail
     chunks = [json.loads(e) for e in events[:-1]]
     text = ''.join((c['choices'][0].get('delta') or {}).get('content') or '' for c in chunks if c.get('choices'))
-    assert text, out[-500:]
+    assert text, tail
     usage = [c['usage'] for c in chunks if c.get('usage')]
-    assert usage and usage[-1]['completion_tokens'] > 0, out[-500:]
+    assert usage and usage[-1]['completion_tokens'] > 0, tail
     return usage[-1]['prompt_tokens']

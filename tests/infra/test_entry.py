@@ -6,83 +6,26 @@ What a user sees, from this machine through the VIP: the OpenAI API with a key (
 no router admin path even with one (404), TLS 1.2+ only; on the hosts: HAProxy and keepalived active, the VIP on
 exactly one entry host, and the access log naming the key, never holding it.
 The client key: PD_ENTRY_KEY (and PD_ENTRY_KEY_NAME), else the first of the inventory's entry_keys. The CA:
-PD_ENTRY_CA, else entry_tls_ca_dir/ca.crt (the bundle's entry CA on the controller).
+PD_ENTRY_CA, else entry_tls_ca_dir/ca.crt (the bundle's entry CA on the controller) (conftest.entry_client).
+A completion and a streamed chat completion through the entry, whose KV arrives at decode by transfer:
+tests/infra/test_e2e.py.
 """
 import json
-import os
-import re
 import socket
 import ssl
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from conftest import groups, hvars, in_group, other_host, role_defaults
+from conftest import (entry_call, entry_cfg, entry_client, entry_hosts, first_entry, in_group, inventory_value,
+                      other_host)
 
-DEFAULTS = role_defaults('entry_port', 'entry_health_path', 'entry_check_port')
 ADMIN_PATHS = ['/workers', '/list_workers', '/metrics', '/health', '/v1/../workers']
-
-
-def cfg(h):
-    v = dict(DEFAULTS)
-    v.update(hvars(h))
-    return v
-
-
-def _resolve(value, v):
-    """A value as the inventory gives it: "{{ name }}" is that variable, the HOME lookup is this user's home."""
-    if not isinstance(value, str):
-        return value
-    m = re.fullmatch(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}", value.strip())
-    if m:
-        return _resolve(v[m.group(1)], v)
-    home = "{{ lookup('ansible.builtin.env', 'HOME') }}"
-    if value.startswith(home):
-        return os.path.expanduser('~') + value[len(home):]
-    if '{{' in value:
-        raise AssertionError('cannot read %r here: set PD_ENTRY_KEY / PD_ENTRY_CA' % value)
-    return value
-
-
-def entry_hosts(h):
-    return groups(h).get('entry', [])
-
-
-def first_entry(h):
-    """The tests that look at the whole entry run once, on the first entry host."""
-    return in_group(h, 'entry') and hvars(h)['inventory_hostname'] == entry_hosts(h)[0]
-
-
-def client(h):
-    """(base URL, key name, key, TLS context) as a user of the entry has them."""
-    v = cfg(h)
-    keys = _resolve(v.get('entry_keys'), v) or {}
-    name = os.environ.get('PD_ENTRY_KEY_NAME') or (sorted(keys)[0] if keys else None)
-    key = os.environ.get('PD_ENTRY_KEY') or keys.get(name)
-    assert key, 'no entry key: set PD_ENTRY_KEY, or entry_keys in the inventory (with its vault password)'
-    ca = os.environ.get('PD_ENTRY_CA') or str(Path(_resolve(v['entry_tls_ca_dir'], v)) / 'ca.crt')
-    assert Path(ca).is_file(), 'no entry CA at %s: set PD_ENTRY_CA' % ca
-    host = _resolve(v.get('entry_vip'), v) or v['common_host_ip']
-    port = int(v['entry_port'])
-    return 'https://%s:%d' % (host, port), name, key, ssl.create_default_context(cafile=ca)
-
-
-def call(base, path, ctx, key=None, method='GET', data=None):
-    req = urllib.request.Request(base + path, method=method, data=data,
-                                 headers={'Authorization': 'Bearer %s' % key} if key else {})
-    try:
-        with urllib.request.urlopen(req, timeout=30, context=ctx) as resp:
-            return resp.status, resp.read().decode(errors='replace')
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors='replace')
 
 
 def test_haproxy_and_keepalived_active(host):
     if not in_group(host, 'entry'):
         pytest.skip('not an entry host')
-    v = cfg(host)
+    v = entry_cfg(host)
     units = ['haproxy'] + (['keepalived'] if len(entry_hosts(host)) > 1 else [])
     for unit in units:
         assert host.service(unit).is_running and host.service(unit).is_enabled, '%s is not active and enabled' % unit
@@ -93,7 +36,8 @@ def test_haproxy_and_keepalived_active(host):
 def test_the_vip_is_on_exactly_one_entry_host(host, request):
     if not first_entry(host) or len(entry_hosts(host)) < 2:
         pytest.skip('checked once, with 2+ entry hosts')
-    vip = _resolve(cfg(host)['entry_vip'], cfg(host))
+    v = entry_cfg(host)
+    vip = inventory_value(v['entry_vip'], v)
     holders = [n for n in entry_hosts(host)
                if other_host(request, n).run('ip -o addr show to %s' % vip).stdout.strip()]
     assert len(holders) == 1, 'the VIP %s is on %s (exactly one entry host must hold it)' % (vip, holders or 'no host')
@@ -102,22 +46,22 @@ def test_the_vip_is_on_exactly_one_entry_host(host, request):
 def test_openai_api_with_a_key_and_nothing_else(host):
     if not first_entry(host):
         pytest.skip('checked once, from this machine through the entry')
-    v = cfg(host)
-    base, name, key, ctx = client(host)
-    status, body = call(base, '/v1/models', ctx, key)
+    v = entry_cfg(host)
+    base, name, key, ctx = entry_client(host)
+    status, body = entry_call(base, '/v1/models', ctx, key)
     assert status == 200 and json.loads(body).get('data'), 'key %s: /v1/models -> %s %s' % (name, status, body[:200])
-    assert call(base, '/v1/models', ctx)[0] == 401, 'no key must get 401'
-    assert call(base, '/v1/models', ctx, 'not-a-key-of-this-entry')[0] == 401, 'a wrong key must get 401'
+    assert entry_call(base, '/v1/models', ctx)[0] == 401, 'no key must get 401'
+    assert entry_call(base, '/v1/models', ctx, 'not-a-key-of-this-entry')[0] == 401, 'a wrong key must get 401'
     for path in ADMIN_PATHS:
-        assert call(base, path, ctx, key)[0] == 404, '%s must not reach the routers (404), even with a key' % path
-    assert call(base, '/remove_worker?url=http://x', ctx, key, method='POST', data=b'')[0] == 404
-    assert call(base, v['entry_health_path'], ctx)[0] == 200, 'the entry health path answers without a key'
+        assert entry_call(base, path, ctx, key)[0] == 404, '%s must not reach the routers (404), even with a key' % path
+    assert entry_call(base, '/remove_worker?url=http://x', ctx, key, method='POST', data=b'')[0] == 404
+    assert entry_call(base, v['entry_health_path'], ctx)[0] == 200, 'the entry health path answers without a key'
 
 
 def test_tls_1_2_or_newer_only_and_h2(host):
     if not first_entry(host):
         pytest.skip('checked once')
-    base, _, _, ctx = client(host)
+    base, _, _, ctx = entry_client(host)
     hostport = base.split('://', 1)[1]
     addr, port = hostport.rsplit(':', 1)
     old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -139,9 +83,9 @@ def test_tls_1_2_or_newer_only_and_h2(host):
 def test_access_log_names_the_key_never_holds_it(host, request):
     if not first_entry(host):
         pytest.skip('checked once')
-    base, name, key, ctx = client(host)
+    base, name, key, ctx = entry_client(host)
     marker = '/v1/models?pd-log-probe'
-    assert call(base, marker, ctx, key)[0] == 200
+    assert entry_call(base, marker, ctx, key)[0] == 200
     logs = {n: other_host(request, n).run("journalctl -u haproxy --since '-10 min' -o cat --no-pager").stdout
             for n in entry_hosts(host)}
     lines = [l for out in logs.values() for l in out.splitlines() if 'pd-log-probe' in l]

@@ -60,8 +60,10 @@ def test_check_pairs_every_instance_pair_as_the_instances_run_the_engine():
         ("prefill1", "d1", "decode0"), ("prefill1", "d2", "decode0")]
     src0, src1 = pairs[0]["source"], pairs[2]["source"]
     # the rdma role's selection: NICs and GID index, as instance.env.j2 writes MC_TE_FILTERS / MC_GID_INDEX
+    # (no instance lists GPUs: host memory, the tool's own interpreter)
     assert src0 == {"host": "p1", "instance": "prefill0", "ip": "10.0.0.1", "device": "mlx5_0,mlx5_1", "gid_index": 3,
-                    "env": {"MC_TE_FILTERS": "mlx5_0,mlx5_1", "MC_GID_INDEX": "3"}}
+                    "env": {"MC_TE_FILTERS": "mlx5_0,mlx5_1", "MC_GID_INDEX": "3"},
+                    "memory": "host", "gpu": None, "python": None}
     # InfiniBand (gid_index None): no MC_GID_INDEX; the instance's own host_ip
     assert (src1["ip"], src1["device"], src1["env"]) == ("10.1.0.1", "mlx5_2", {"MC_TE_FILTERS": "mlx5_2"})
     # no selection: the instance's own nics/gid_index, else (nics auto) the host's mooncake_check_device
@@ -81,6 +83,100 @@ def test_check_pairs_host_without_instances_is_still_checked():
     hv = {"p": {"common_host_ip": "10.0.0.1"}, "d": {"common_host_ip": "10.0.0.2"}}
     (pair,) = bf.mooncake_check_pairs(["d"], "p", hv, "tcp")
     assert (pair["source"]["instance"], pair["target"]["ip"]) == (None, "10.0.0.2")
+
+
+def _gpu_hostvars(platform="cuda", **extra):
+    inst = {"name": "prefill0", "gpus": [4, 5], "nics": ["mlx5_4"], "gid_index": 3}
+    dec = {"name": "decode0", "gpus": [0, 1, 2, 3], "nics": ["mlx5_0"], "gid_index": 3}
+    base = {"vllm_platform": platform, "rdma_gpudirect": "peermem"}
+    return {"p": dict(base, common_host_ip="10.0.0.1", vllm_instances=[inst], **extra),
+            "d": dict(base, common_host_ip="10.0.0.2", vllm_instances=[dec], **extra)}
+
+
+@pytest.mark.parametrize("setting,platform,inst,memory", [
+    ("auto", "cuda", {"gpus": [2]}, "cuda"),
+    ("auto", "cuda", {"gpus": []}, "host"),  # the RDMA lab's GPU-less VMs (vllm_platform left at cuda)
+    ("auto", "cpu", {"gpus": [0]}, "host"),  # the CPU lab
+    (None, "cuda", {"gpus": [0]}, "cuda"),
+    ("host", "cuda", {"gpus": [0]}, "host"),
+    ("CUDA", "cpu", {}, "cuda"),
+])
+def test_check_memory_selection(setting, platform, inst, memory):
+    assert bf.check_memory(setting, platform, inst) == memory
+
+
+def test_check_memory_refuses_other_kinds():
+    with pytest.raises(bf.AnsibleFilterError, match="mooncake_check_memory='vram'"):
+        bf.check_memory("vram", "cuda", {"gpus": [0]})
+
+
+def test_check_pairs_on_cuda_move_gpu_memory_of_the_first_gpu_with_the_instances_gpudirect_flag():
+    (pair,) = bf.mooncake_check_pairs(["d"], "p", _gpu_hostvars(), "rdma")
+    src, dst = pair["source"], pair["target"]
+    assert (src["memory"], src["gpu"], dst["memory"], dst["gpu"]) == ("cuda", 4, "cuda", 0)
+    # torch and the CUDA wheel: the vLLM venv (the vllm role's default vllm_venv)
+    assert src["python"] == bf.host_cfg("p", _gpu_hostvars())["vllm_venv"] + "/bin/python"
+    assert src["env"] == {"MC_TE_FILTERS": "mlx5_4", "MC_GID_INDEX": "3", "WITH_NVIDIA_PEERMEM": "1"}
+
+
+@pytest.mark.parametrize("extra,flag", [
+    ({"rdma_gpudirect": "dmabuf"}, "0"),
+    ({"rdma_gpudirect": "off"}, "0"),
+    # the rdma role's resolved mode of this run wins over the setting
+    ({"rdma_gpudirect": "auto", "rdma_gpudirect_mode": "dmabuf"}, "0"),
+    # auto without the role: decided from this run's GPU facts, as the rdma role decides it
+    ({"rdma_gpudirect": "auto", "ansible_facts": {"gpu": {"peermem": {"loaded": True}}}}, "1"),
+    ({"rdma_gpudirect": "auto", "ansible_facts": {"gpu": {"peermem": {}, "dmabuf": {"possible": True}}}}, "0"),
+    ({"vllm_gpudirect_rdma": "peermem", "rdma_gpudirect": "off"}, "1"),
+])
+def test_check_end_gpudirect_flag_follows_the_mode(extra, flag):
+    (pair,) = bf.mooncake_check_pairs(["d"], "p", _gpu_hostvars(**extra), "rdma")
+    assert pair["source"]["env"]["WITH_NVIDIA_PEERMEM"] == flag
+
+
+def test_check_end_auto_gpudirect_without_facts_is_refused_naming_the_host():
+    with pytest.raises(bf.AnsibleFilterError, match="transfer check on p: rdma_gpudirect='auto' is not resolved"):
+        bf.mooncake_check_pairs(["d"], "p", _gpu_hostvars(rdma_gpudirect="auto"), "rdma")
+
+
+def test_check_pairs_on_cuda_over_tcp_still_move_gpu_memory_without_gpudirect():
+    (pair,) = bf.mooncake_check_pairs(["d"], "p", _gpu_hostvars(rdma_gpudirect="auto"), "tcp")
+    assert pair["source"]["memory"] == "cuda" and pair["source"]["env"] == {"WITH_NVIDIA_PEERMEM": "0"}
+
+
+def test_check_pairs_on_cpu_are_unchanged_host_memory():
+    (pair,) = bf.mooncake_check_pairs(["d"], "p", _gpu_hostvars("cpu"), "tcp")
+    assert all((pair[e]["memory"], pair[e]["gpu"], pair[e]["python"], pair[e]["env"]) == ("host", None, None, {})
+               for e in ("source", "target"))
+
+
+_OPTS = {"tool": "/opt/mooncake/bin/mooncake-check", "protocol": "rdma", "size": "64MiB", "port": 18800,
+         "duration": 4, "min_ratio": 0.5}
+
+
+def test_check_argv_host_memory_is_the_tools_own_command_line():
+    end = {"ip": "10.0.0.2", "device": "mlx5_0", "memory": "host", "gpu": None, "python": None}
+    assert bf.mooncake_check_argv(end, "serve", _OPTS) == [
+        "/opt/mooncake/bin/mooncake-check", "serve", "--host-ip=10.0.0.2", "--protocol=rdma", "--device=mlx5_0",
+        "--size=64MiB", "--control-port=18800", "--timeout=300"]
+    assert bf.mooncake_check_argv(dict(end, ip="10.0.0.1"), "probe", dict(_OPTS, target="10.0.0.2")) == [
+        "/opt/mooncake/bin/mooncake-check", "probe", "--json", "--host-ip=10.0.0.1", "--protocol=rdma",
+        "--device=mlx5_0", "--target=10.0.0.2", "--control-port=18800", "--size=64MiB", "--duration=4",
+        "--min-ratio=0.5"]
+
+
+def test_check_argv_gpu_memory_runs_with_the_vllm_python_on_the_instances_gpu():
+    (pair,) = bf.mooncake_check_pairs(["d"], "p", _gpu_hostvars(), "rdma")
+    serve = bf.mooncake_check_argv(pair["target"], "serve", _OPTS)
+    probe = bf.mooncake_check_argv(pair["source"], "probe", dict(_OPTS, target=pair["target"]["ip"]))
+    assert serve[:3] == [pair["target"]["python"], "/opt/mooncake/bin/mooncake-check", "serve"]
+    assert serve[-2:] == ["--memory=cuda", "--gpu=0"] and probe[-2:] == ["--memory=cuda", "--gpu=4"]
+    assert "--device=mlx5_4" in probe and "--target=10.0.0.2" in probe
+
+
+def test_check_argv_refuses_another_action():
+    with pytest.raises(bf.AnsibleFilterError):
+        bf.mooncake_check_argv({"ip": "x", "device": ""}, "store", _OPTS)
 
 
 def test_vllm_engine_nics_selection_first_then_the_instance():

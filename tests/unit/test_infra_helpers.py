@@ -1,10 +1,13 @@
 """tests/infra helpers must be able to fail: a router key the inventory sets but the host cannot give,
 a service bound to the wildcard where the host IP is configured, an outsider container that cannot
-start on an existing lab network."""
+start on an existing lab network, a streamed chat through the entry that breaks off before [DONE]."""
+import http.server
 import importlib.util
 import json
 import stat
 import sys
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -214,3 +217,76 @@ def test_plain_http_refusal_needs_curl_and_etcdctl_to_run():
         etcd_tls.test_plain_http_refused_on_client_port(
             (CmdHost({"curl": (7, "\n000", "curl: (7) Failed to connect"), "etcdctl": REFUSED_ETCDCTL}),
              MEMBER_VARS, {}))
+
+
+# --- the entry path of tests/infra/test_e2e.py ------------------------------------------------------
+
+e2e = _load_infra("test_e2e.py")
+
+
+def _chunk(**kw):
+    return "data: " + json.dumps({"choices": [{"delta": kw}]} if kw else
+                                 {"choices": [], "usage": {"prompt_tokens": 300, "completion_tokens": 2}})
+
+
+class _Sse:
+    """A local stand-in for the entry: records each request, answers with LINES and keeps the connection open
+    HOLD seconds after them (a reader that waits for the end instead of [DONE] is slow)."""
+
+    def __init__(self, lines, hold=4.0):
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                seen.append((self.path, dict(self.headers),
+                             json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for line in lines:
+                    self.wfile.write((line + "\n\n").encode())
+                    self.wfile.flush()
+                time.sleep(hold)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def api(self):
+        api = e2e.EntryApi.__new__(e2e.EntryApi)
+        api.host, api.base, api.key, api.ctx = None, "http://127.0.0.1:%d" % self.server.server_port, "k-1", None
+        return api
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_streamed_chat_through_the_entry_reads_chunks_up_to_done():
+    fake = _Sse([_chunk(role="assistant"), _chunk(content="he"), _chunk(content="llo"), _chunk(), "data: [DONE]"])
+    try:
+        t0 = time.monotonic()
+        assert e2e.streamed_chat(fake.api(), "m") == 300
+        assert time.monotonic() - t0 < 3, "the reader waited for the connection's end, not for [DONE]"
+    finally:
+        fake.close()
+    path, headers, body = fake.seen[0]
+    assert path == "/v1/chat/completions" and body["stream"] is True and body["model"] == "m"
+    assert headers["Authorization"] == "Bearer k-1" and headers["Content-Type"] == "application/json"
+
+
+@pytest.mark.parametrize("lines", [
+    [_chunk(content="x"), _chunk()],                       # no [DONE]: the stream broke off
+    [_chunk(), "data: [DONE]"],                            # no generated text
+    [_chunk(content="x"), "data: [DONE]"],                 # no usage: the prompt tokens are unknown
+])
+def test_streamed_chat_fails_on_a_broken_stream(lines):
+    fake = _Sse(lines, hold=0)
+    try:
+        with pytest.raises(AssertionError):
+            e2e.streamed_chat(fake.api(), "m")
+    finally:
+        fake.close()

@@ -1,5 +1,10 @@
 """Pure parts of the lab's drill and load scripts (scripts/lab)."""
 import importlib.util
+import os
+import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 LAB = Path(__file__).resolve().parents[2] / "scripts" / "lab"
@@ -238,3 +243,43 @@ def test_entry_drill_needs_the_vip_to_move_and_serve_in_time():
     assert drills.FAILED_BOUND["router behind entry"] == 0
     late = dict(r, failed=1, failed_after_recovery=1)
     assert "after recovery" in " ".join(drills.failure_problems(late))
+
+
+# lab-info.sh: what `make lab` prints, and README.md's first screen shows the same lines.
+
+REPO = LAB.parents[1]
+
+
+def _block(text, first):
+    """The indented command block that starts with the line beginning FIRST (indent removed)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(first))
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return textwrap.dedent("\n".join(lines[start:end]))
+
+
+def test_lab_info_prints_the_entry_url_and_a_curl_with_a_key_it_reads_not_prints():
+    out = subprocess.run([str(LAB / "lab-info.sh")], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    labinv = _load("labinv", "labinv.py")
+    lab = labinv.Lab()
+    url = lab.client_url()
+    assert url.startswith("https://") and url in out
+    block = _block(out, "KEY=")
+    assert "--cacert " in block and '-H "Authorization: Bearer $KEY"' in block and url + "/v1/completions" in block
+    # The CA the curl names is the lab's entry CA (a "~/" path is the caller's home).
+    ca = re.search(r"--cacert (\S+)", block).group(1)
+    assert str(Path(ca).expanduser()) == lab.client_ca()
+    # No key of the lab's vault is printed; the KEY= line reads the key "lab" when run as printed (repo root).
+    keys = {name: lab.client_key(name) for name in ("lab", "ci")}
+    assert not any(k in out for k in keys.values())
+    key_cmd = block.split("\ncurl ")[0]
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    read = subprocess.run(["bash", "-c", key_cmd + '\nprintf %s "$KEY"'], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=True).stdout
+    assert read == keys["lab"], "the printed KEY= line does not read the lab key"
+    # README.md's first screen shows the same lines, and no key.
+    readme = (REPO / "README.md").read_text()
+    assert block in textwrap.dedent(_block(readme, "KEY=")), "README.md's curl differs from lab-info.sh's"
+    head = "\n".join(readme.splitlines()[:25])
+    assert "KEY=" in head and "curl " in head and url in head
+    assert not any(k in readme for k in keys.values())

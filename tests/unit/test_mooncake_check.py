@@ -2,7 +2,8 @@
 
 The real transfers are exercised by tests/integration/test_mooncake_check_netns.py. These tests
 cover size parsing, the result document and its floor, the interleaved rounds, the control protocol
-over a real socket pair, and measure() against a fake engine that copies memory as a transfer would.
+over a real socket pair, and measure() against a fake engine that copies memory as a transfer would;
+--memory cuda with a fake GPU allocator (no torch or CUDA needed) whose memory only its copies reach.
 """
 import ctypes
 import hashlib
@@ -406,3 +407,127 @@ def test_get_waits_for_a_missing_key_but_not_for_wrong_content():
     assert mc.get_waiting(st, "k", want, True, wait=10, pause=0)[2] is False  # wrong content: no retry
     st = _FakeStore(gets=[b""] * 50)
     assert mc.get_waiting(st, "k", want, True, wait=0, pause=0)[2] is False  # no wait: one try
+
+
+class _FakeGpu:
+    """Stands in for TorchCuda: 'GPU memory' is a separate host buffer, reachable only through copy_in/copy_out
+    (as cudaMemcpy would be), so a path that read or wrote the host copy instead would fail the checksum."""
+
+    def __init__(self, index):
+        self.name, self.mem, self.copies = "cuda:%d" % index, [], []
+
+    def alloc(self, n):
+        self.mem.append(ctypes.create_string_buffer(n))
+        return ctypes.addressof(self.mem[-1])
+
+    def copy_in(self, dev, host, n):
+        self.copies.append("in")
+        ctypes.memmove(dev, host, n)
+
+    def copy_out(self, host, dev, n):
+        self.copies.append("out")
+        ctypes.memmove(host, dev, n)
+
+
+def test_cli_memory_kind_defaults_to_host():
+    for cmd in (["serve"], ["probe", "--target", "x"]):
+        a = mc.build_parser().parse_args(cmd + ["--host-ip", "y"])
+        assert (a.memory, a.gpu) == ("host", 0)
+    a = mc.build_parser().parse_args(["serve", "--host-ip", "y", "--memory", "cuda", "--gpu", "3"])
+    assert (a.memory, a.gpu) == ("cuda", 3)
+    with pytest.raises(SystemExit):
+        mc.build_parser().parse_args(["serve", "--host-ip", "y", "--memory", "vram"])
+
+
+def test_make_buffer_selects_the_memory_kind():
+    made = []
+
+    def gpu(index):
+        made.append(_FakeGpu(index))
+        return made[-1]
+
+    host = mc.make_buffer(mc.build_parser().parse_args(["serve", "--host-ip", "y", "--size", "4096"]), gpu)
+    assert (type(host), host.kind, host.addr == host.host_addr, made) == (mc.Buffer, "host", True, [])
+    cuda = mc.make_buffer(mc.build_parser().parse_args(["serve", "--host-ip", "y", "--size", "4096", "--memory", "cuda",
+                                                        "--gpu", "5"]), gpu)
+    assert (type(cuda), cuda.kind, cuda.size) == (mc.GpuBuffer, "cuda:5", 4096)
+    # the engine gets the device address, not the host copy; the device starts zeroed
+    assert cuda.addr == ctypes.addressof(made[0].mem[0]) != cuda.host_addr and made[0].copies == ["in"]
+
+
+def test_gpu_buffer_fill_and_verify_go_through_the_device(pair):
+    a, b = pair
+    buf = mc.GpuBuffer(1 << 16, _FakeGpu(0))
+    hello = {"rpc_port": 15001, "buffer_addr": buf.addr, "size": 1 << 16, "protocol": "tcp", "memory": buf.kind}
+    t = threading.Thread(target=mc.serve_session, args=(mc.Channel(b), buf, hello), daemon=True)
+    t.start()
+    cli = mc.Channel(a)
+    assert cli.recv()["memory"] == "cuda:0"
+    cli.send({"op": "fill", "seed": 9})
+    assert cli.recv()["sha256"] == hashlib.sha256(mc.payload(9, 1 << 16)).hexdigest()
+    assert ctypes.string_at(buf.addr, 1 << 16) == mc.payload(9, 1 << 16)  # it reached the device
+    ctypes.memset(buf.addr, 7, 1 << 16)  # a transfer lands in device memory only
+    cli.send({"op": "verify"})  # verify hashes what the device holds, not the stale host copy
+    assert cli.recv()["sha256"] == hashlib.sha256(b"\x07" * (1 << 16)).hexdigest()
+    cli.send({"op": "bye"})
+    cli.recv()
+    t.join(10)
+
+
+def _measure_gpu(pair, engine, read=False, size=1 << 20):
+    """Both ends in fake GPU memory: the target's device buffer is what the engine's transfers address."""
+    a, b = pair
+    target = mc.GpuBuffer(size, _FakeGpu(1))
+    hello = {"rpc_port": 15001, "buffer_addr": target.addr, "size": size, "protocol": "rdma", "memory": target.kind}
+    t = threading.Thread(target=mc.serve_session, args=(mc.Channel(b), target, hello), daemon=True)
+    t.start()
+    ch = mc.Channel(a)
+    args = mc.build_parser().parse_args(["probe", "--target", "127.0.0.1", "--host-ip", "127.0.0.1", "--protocol",
+                                         "rdma", "--size", str(size), "--chunk", str(size // 4), "--duration", "0",
+                                         "--iterations", "3", "--memory", "cuda", "--gpu", "2"]
+                                        + (["--read"] if read else []))
+    res = mc.measure(args, engine, ch, ch.recv(), {"mlx5_0"}, gpu_device=_FakeGpu)
+    ch.send({"op": "bye"})
+    ch.recv()
+    t.join(10)
+    return res
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_measure_gpu_to_gpu(pair, read):
+    res = _measure_gpu(pair, _FakeEngine(), read=read)
+    assert res["sha256_match"] is True and res["rounds"] == 3
+    assert (res["source_memory"], res["target_memory"]) == ("cuda:2", "cuda:1")
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_measure_gpu_catches_a_slice_missing_from_the_last_round(pair, read):
+    # The per-round stamp (write) or zeroing (read) must reach device memory, or this would pass.
+    res = _measure_gpu(pair, _FakeEngine(skip=(3, 2)), read=read)
+    assert res["sha256_match"] is False and mc.verdict(res) == 1
+
+
+def test_host_memory_result_says_host(pair):
+    res = _measure(pair, _FakeEngine())
+    assert (res["source_memory"], res["target_memory"]) == ("host", "host")
+
+
+def test_cuda_memory_refuses_a_non_cuda_wheel(monkeypatch, capsys):
+    import sys
+    import types
+    fake = types.ModuleType("mooncake.engine")
+    fake.SUPPORT_CUDA, fake.__file__ = False, "/opt/mooncake/venv/lib/mooncake/engine.so"
+    fake.TransferEngine = lambda: pytest.fail("the engine must not start")
+    monkeypatch.setenv("MC_FORCE_TCP", "1")  # restored afterwards (make_engine sets it for tcp)
+    monkeypatch.setitem(sys.modules, "mooncake", types.ModuleType("mooncake"))
+    monkeypatch.setitem(sys.modules, "mooncake.engine", fake)
+    sys.modules["mooncake"].engine = fake
+    assert mc.main(["serve", "--host-ip", "127.0.0.1", "--protocol", "tcp", "--memory", "cuda"]) == 1
+    assert "not a CUDA build" in capsys.readouterr().err
+
+
+def test_cuda_memory_without_torch_says_which_python(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    with pytest.raises(RuntimeError, match="vLLM venv's python"):
+        mc.TorchCuda(0)

@@ -111,3 +111,110 @@ def test_direct_path_sends_the_key_to_prefill_and_decode():
     sent.clear()
     bench("").direct()
     assert len(sent) == 2 and not any("Authorization" in h for _, h in sent)
+
+
+def test_round_order_rotates_so_no_path_always_goes_first():
+    assert [ro.round_order(["router", "direct"], i) for i in range(3)] == [
+        ["router", "direct"], ["direct", "router"], ["router", "direct"]]
+    three = [ro.round_order(["router", "direct", "entry"], i) for i in range(3)]
+    assert three == [["router", "direct", "entry"], ["direct", "entry", "router"], ["entry", "router", "direct"]]
+    assert sorted(o[0] for o in three) == ["direct", "entry", "router"]
+
+
+class _FakeBench:
+    """Bench without hosts: fixed latencies per path, a decode whose counters show every prompt moved."""
+    seconds = {"router": 0.110, "direct": 0.100, "entry": 0.121}
+
+    def __init__(self, args):
+        self.calls, self.ext = [], 0.0
+        self.prefills, self.decodes = [("http://p:8100", "http://p:8998", "p-prefill0")], ["http://d:8200"]
+
+    def _send(self, path):
+        self.calls.append(path)
+        if path == "direct":
+            self.ext += 300
+        return self.seconds[path], {"usage": {"prompt_tokens": 300}}
+
+    def via_router(self):
+        return self._send("router")
+
+    def direct(self):
+        return self._send("direct")
+
+    def via_entry(self):
+        return self._send("entry")
+
+    def decode_counters(self):
+        return self.ext, 0.0
+
+
+def _args(*extra):
+    return ["--router", "http://r:8000", "--prefill", "http://p:8100=8998", "--decode", "http://d:8200",
+            "--model", "m", "--requests", "4", "--warmup", "0"] + list(extra)
+
+
+def test_run_with_an_entry_times_it_against_the_router(monkeypatch, capsys):
+    monkeypatch.setattr(ro, "Bench", _FakeBench)
+    monkeypatch.setenv("ENTRY_API_KEY", "e-key")
+    assert ro.main(_args("--entry", "https://10.0.0.50:443")) == 0
+    out = ro.json.loads(capsys.readouterr().out)
+    assert out["entry"]["n"] == out["router"]["n"] == out["direct"]["n"] == 4
+    assert out["ratio_entry_over_router"]["p50"] == 1.1 and out["ratio_router_over_direct"]["p50"] == 1.1
+    assert out["paired_median_entry_minus_router_ms"] == 11.0
+    assert out["entry_url"] == "https://10.0.0.50:443"
+
+
+def test_run_without_an_entry_has_no_entry_path(monkeypatch, capsys):
+    monkeypatch.setattr(ro, "Bench", _FakeBench)
+    assert ro.main(_args()) == 0
+    out = ro.json.loads(capsys.readouterr().out)
+    assert "entry" not in out and "ratio_entry_over_router" not in out
+
+
+def test_entry_path_sends_the_entry_key_over_https_with_the_entry_ca(monkeypatch):
+    """The entry gets a client key of its own (ENTRY_API_KEY), never the routers' key, over a TLS connection
+    verified with --entry-ca."""
+    made, sent = [], []
+
+    class Conn:
+        def __init__(self, host, port, timeout=None, context=None):
+            made.append((type(self).__name__, host, port, context))
+
+        def request(self, method, path, body=None, headers=None):
+            sent.append((path, dict(headers)))
+
+        def getresponse(self):
+            return ro.argparse.Namespace(status=200, read=lambda: b'{"usage": {"prompt_tokens": 300}}')
+
+    class HTTPSConnection(Conn):
+        pass
+
+    monkeypatch.setattr(ro.http.client, "HTTPSConnection", HTTPSConnection)
+    ctx = ro.ssl.create_default_context()
+    b = ro.Bench.__new__(ro.Bench)
+    b.args = ro.argparse.Namespace(model="m", prompt_words=5, max_tokens=2, entry="https://10.0.0.50:443")
+    b.http = ro.Http(5, ctx)
+    b.auth, b.entry_auth = ro.auth_headers("router-key"), ro.auth_headers("entry-key")
+    b.via_entry()
+    assert made == [("HTTPSConnection", "10.0.0.50", 443, ctx)]
+    assert sent[0][0] == "/v1/completions" and sent[0][1]["Authorization"] == "Bearer entry-key"
+
+
+def test_keys_come_from_the_key_file(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "keys.json"
+    f.write_text('{"router": "r-key", "entry": "e-key"}')
+    assert ro.read_keys(str(f)) == ("r-key", "e-key")
+    f.write_text('{"router": "r-key", "entry": ""}')
+    assert ro.read_keys(str(f), "", "env-entry") == ("r-key", "env-entry")
+    seen = []
+
+    class Recording(_FakeBench):
+        def __init__(self, args):
+            super().__init__(args)
+            seen.append((args.api_key, args.entry_api_key))
+
+    monkeypatch.setattr(ro, "Bench", Recording)
+    f.write_text('{"router": "r-key", "entry": "e-key"}')
+    assert ro.main(_args("--key-file", str(f), "--entry", "https://10.0.0.50:443")) == 0
+    assert seen == [("r-key", "e-key")]
+    assert "r-key" not in capsys.readouterr().out

@@ -289,3 +289,85 @@ def test_master_rows_carry_their_address_and_whom_they_follow():
          "master_health": {"status": 200, "json": {"status": "ok", "role": "standby", "leader_address": "10.0.0.1:50051"}}}
     row = status.bundle_status_host_rows(r)[0]
     assert (row["address"], row["leader_address"], row["health"]) == ("10.0.0.2:50051", "10.0.0.1:50051", "standby")
+
+
+# --- GPU stack per vLLM host (bundle_status_gpu_host), over facts gpu_facts collected from FAKE trees and
+# RECORDED nvidia-smi -q -x outputs (tests/unit/test_gpu_facts.py) ---
+
+def _gpu_facts(tmp_path, smi="h100-hgx", fm="Fabric Manager version is : 580.65.06", active=True, **kw):
+    from test_gpu_facts import collect, recorded
+    return collect(tmp_path, recorded(smi) if smi else None, fm, active, **kw)
+
+
+def _gpu_line(facts, protocol="rdma", gpudirect="peermem", host="gpu-d1", **kw):
+    r = {"host": host, "platform": "cuda", "protocol": protocol, "facts": facts, "gpudirect": gpudirect,
+         "load_modules": True}
+    r.update(kw)
+    return status.bundle_status_gpu_host(r)
+
+
+def test_gpu_line_of_a_healthy_hgx_host(tmp_path):
+    line = _gpu_line(_gpu_facts(tmp_path))
+    assert line == {"host": "gpu-d1", "platform": "cuda", "driver": "580.65.06", "cuda": "13.0", "gpus": 8,
+                    "persistence": "on", "fabric_manager": "active 580.65.06", "gpudirect": "peermem", "problems": []}
+    data = dict(green_lab(), gpu_hosts=[line, status.bundle_status_gpu_host({"host": "p1", "platform": "cpu"})])
+    assert status.bundle_status_red(data) == []
+    table = status.bundle_status_table(data)
+    assert "GPU stack per vLLM host" in table
+    rows = {ln.split()[1]: ln for ln in table.splitlines() if ln.startswith(("ok ", "RED "))}
+    assert rows["gpu-d1"].split() == ["ok", "gpu-d1", "cuda", "580.65.06", "13.0", "8", "on", "active", "580.65.06",
+                                      "peermem"]
+    # a cpu host (the lab): a short line, n/a everywhere, never red
+    assert rows["p1"].split() == ["ok", "p1", "cpu"] + ["n/a"] * 6
+
+
+def test_gpu_line_fabric_manager_stopped_is_red(tmp_path):
+    line = _gpu_line(_gpu_facts(tmp_path, smi="h100-hgx-fm-stopped", active=False))
+    assert line["fabric_manager"].startswith("inactive")
+    assert len(line["problems"]) == 1 and "nvidia-fabricmanager is not active" in line["problems"][0]
+    red = status.bundle_status_red(dict(green_lab(), gpu_hosts=[line]))
+    assert red == ["gpu-d1: " + line["problems"][0]]
+    table = status.bundle_status_table(dict(green_lab(), gpu_hosts=[line]))
+    assert any(ln.split()[:2] == ["RED", "gpu-d1"] for ln in table.splitlines())
+
+
+def test_gpu_line_fabric_manager_of_another_version_is_red(tmp_path):
+    line = _gpu_line(_gpu_facts(tmp_path, fm="Fabric Manager version is : 570.124.06"))
+    assert line["fabric_manager"] == "active 570.124.06 != driver"
+    assert "does not match driver 580.65.06" in line["problems"][0]
+
+
+def test_gpu_line_pcie_host_without_nvswitch_and_dmabuf(tmp_path):
+    facts = _gpu_facts(tmp_path, smi="l40s-pcie", fm=None, active=None, buses=["41", "c1"], nvswitches=0)
+    line = _gpu_line(facts, gpudirect="auto")
+    assert (line["gpus"], line["fabric_manager"]) == (2, "n/a (no NVSwitch)")
+    assert line["gpudirect"] in ("peermem", "dmabuf") and line["problems"] == []
+
+
+def test_gpu_line_persistence_off_is_shown_not_red(tmp_path):
+    facts = _gpu_facts(tmp_path)
+    facts["smi"]["gpus"][0]["persistence_mode"] = "Disabled"
+    line = _gpu_line(facts)
+    assert line["persistence"] == "off on 1 of 8" and line["problems"] == []
+
+
+def test_gpu_line_no_gpudirect_path_is_red(tmp_path):
+    facts = _gpu_facts(tmp_path)
+    facts["peermem"] = {"loaded": False, "loadable": False}
+    facts["dmabuf"] = {"possible": False, "reasons": ["kernel 5.4.0 < 5.12"]}
+    line = _gpu_line(facts, gpudirect="auto")
+    assert line["gpudirect"] == "auto: no path"
+    assert "found no GPUDirect path" in line["problems"][0]
+    assert "nvidia_peermem is not loaded" in _gpu_line(facts, gpudirect="peermem")["problems"][0]
+
+
+def test_gpu_line_over_tcp_and_without_facts_or_driver(tmp_path):
+    assert _gpu_line(_gpu_facts(tmp_path), protocol="tcp", gpudirect="auto")["gpudirect"] == "n/a (tcp)"
+    assert _gpu_line(None)["problems"] == ["GPU facts not read (gpu_facts failed)"]
+    no_driver = _gpu_line(_gpu_facts(tmp_path / "bare", smi=None, fm=None, active=None, banner=None, nvswitches=0),
+                          gpudirect="off")
+    assert no_driver["driver"] == "none" and "no NVIDIA driver loaded" in no_driver["problems"][0]
+
+
+def test_no_gpu_section_without_gpu_hosts():
+    assert "GPU stack" not in status.bundle_status_table(green_lab())
