@@ -70,13 +70,30 @@ def in_group(host, group):
     return hvars(host)['inventory_hostname'] in groups(host).get(group, [])
 
 
+def bearer_secrets(headers):
+    """The keys in ["Authorization: Bearer <key>", ...]."""
+    return [h.split('Bearer ', 1)[1] for h in headers or [] if 'Bearer ' in h]
+
+
+def check_output_masked(host, cmd, secrets):
+    """host.check_output, but a failure names the command with each secret in it masked: testinfra's own
+    message would print a key given with curl -H into the test log (CI keeps it)."""
+    res = host.run(cmd)
+    if res.rc != 0:
+        msg = 'rc=%d: %s\nstdout: %s\nstderr: %s' % (res.rc, cmd, res.stdout[-1500:], res.stderr[-1500:])
+        for s in secrets:
+            msg = msg.replace(s, '<masked>')
+        raise AssertionError(msg)
+    return res.stdout.rstrip('\r\n')
+
+
 def curl_json(host, url, data=None, timeout=120, headers=None):
     cmd = "curl -sS --fail-with-body -m %d -H 'Content-Type: application/json' %s" % (timeout, url)
     for h in headers or []:
         cmd += ' -H %s' % shlex.quote(h)
     if data is not None:
         cmd += " -d '%s'" % json.dumps(data).replace("'", "'\\''")
-    out = host.check_output(cmd)
+    out = check_output_masked(host, cmd, bearer_secrets(headers))
     return json.loads(out)
 
 

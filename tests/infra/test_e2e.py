@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from conftest import (curl_json, deployed_kv_config, entry_client, entry_open, first_entry, groups, hvars, in_group,
-                      metric_value, other_host, router_auth_headers, wait_until)
+from conftest import (bearer_secrets, check_output_masked, curl_json, deployed_kv_config, entry_client, entry_open,
+                      first_entry, groups, hvars, in_group, metric_value, other_host, router_auth_headers, wait_until)
 
 # Over 256 tokens with any tokenizer: KV moves in whole blocks (128 tokens on CPU).
 # A fresh nonce leads every prompt: otherwise decode's prefix cache serves an earlier run's KV
@@ -144,8 +144,8 @@ class RouterApi:
         """The response's lines (curl -N reads the stream to its end)."""
         data = json.dumps(body).replace("'", "'\\''")
         auth = ''.join(" -H '%s'" % h for h in self.auth)
-        return self.host.check_output("curl -sS -N --fail-with-body -m 120 -H 'Content-Type: application/json'%s "
-                                      "%s%s -d '%s'" % (auth, self.base, path, data)).splitlines()
+        return check_output_masked(self.host, "curl -sS -N --fail-with-body -m 120 -H 'Content-Type: application/json'%s "
+                                   "%s%s -d '%s'" % (auth, self.base, path, data), bearer_secrets(self.auth)).splitlines()
 
 
 class EntryApi:

@@ -3,7 +3,7 @@ import shlex
 
 import pytest
 
-from conftest import (INSTANCE_KEY_FILE, ROUTER_KEY_FILE, deployed_kv_config, groups, hvars, in_group,
+from conftest import (INSTANCE_KEY_FILE, ROUTER_KEY_FILE, bearer_secrets, check_output_masked, deployed_kv_config, groups, hvars, in_group,
                       instance_auth_headers, instance_key_configured, listens_as_configured,
                       router_key_configured, run_as_root, tcp_listeners)
 
@@ -131,7 +131,7 @@ def test_instances_demand_the_key(host, request):
         url = 'http://%s:%s/v1/models' % (inst.get('host_ip', v['common_host_ip']), inst['port'])
         code = "curl -sS -o /dev/null -w '%%{http_code}' -m 30%s " + url
         without = host.check_output(code % '')
-        with_key = host.check_output(code % ''.join(' -H %s' % shlex.quote(h) for h in auth))
+        with_key = check_output_masked(host, code % ''.join(' -H %s' % shlex.quote(h) for h in auth), bearer_secrets(auth))
         assert (without, with_key) == ('401', '200'), \
             'vllm@%s: /v1/models answered %s without the key and %s with it (want 401, 200)' % (inst['name'], without, with_key)
         health = host.check_output("curl -sS -o /dev/null -w '%%{http_code}' -m 30 %s" % url.replace('/v1/models', '/health'))
