@@ -18,7 +18,11 @@
   url, bootstrap_port, engine_id): the router's worker lists, preflight's address and router checks and
   the benchmark all read this one definition.
 - host_listeners:     every TCP port a host's bundle services bind (port or range, the variable that sets
-  it, why, public, cluster-only or entry-only): preflight's collision check and the firewall's rules both read it.
+  it, why, and its sources: the named source classes allowed to connect): preflight's collision check and the
+  firewall's rules both read it.
+- firewall_source_classes: the addresses of each source class (SOURCE_CLASSES) of an inventory.
+- firewall_plan:      one host's ruleset (public ports, protected ports, each class's addresses and ports)
+  from its host_listeners and the source classes: what the firewall's template writes.
 - vllm_stale_instances: instances whose process started before one of their inputs last changed
   (a run that changed a file but failed before the restart must not lose that restart).
 - router_argv:        vllm-router's command line from the router role's settings and its worker lists.
@@ -127,6 +131,8 @@ def router_local_url(host, hostvars):
 
 
 SIDE_CHANNEL_STRIDE = 16  # ports reserved per instance by the base formula (the largest TP per host)
+# The lowest port the side-channel pin binds (plugins/tools/pd_bundle_side_channel.py: the units run unprivileged).
+SIDE_CHANNEL_MIN_PORT = 1024
 
 
 def vllm_tp(inst):
@@ -269,48 +275,79 @@ def _truthy(value, default):
     return value if isinstance(value, bool) else str(value).strip().lower() in ('true', 'yes', 'on', '1')
 
 
+# Who may connect to a listener (host_listeners' sources). Each class is a set of addresses the firewall
+# builds from the inventory (firewall_source_classes); a listener with no class is reachable over loopback only.
+SOURCE_CLASSES = {
+    'any': 'everyone (a public port)',
+    'etcd': 'the etcd members',
+    'master': 'the Mooncake masters',
+    'prefill': 'the prefill hosts (and their instances\' host_ip)',
+    'decode': 'the decode hosts (and their instances\' host_ip)',
+    'router': 'the vllm-router hosts',
+    'entry': 'the entry hosts (HAProxy)',
+    'store_clients': 'the prefill/decode hosts that run a Mooncake store client: all of them in store mode '
+                     '(MooncakeStoreConnector), else the two hosts of verify.yml\'s store round trip',
+    'monitoring': 'firewall_extra_sources (the Prometheus servers)',
+    # Never a bundle listener's: firewall_cluster_tcp_ports (the operator's services for the fleet).
+    'cluster': 'every bundle host',
+}
+STORE_CONNECTOR = 'MooncakeStoreConnector'
+
+
 def host_listeners(cfg, roles):
     """The TCP listeners of one host, from its effective settings cfg and roles {etcd, master, prefill,
     decode, router, entry} (booleans) and behind_entry (the inventory has an entry group: then the router's
     client port is for the entry hosts only). Each: {port, last (a range's end, else None), spec ('8100' or
     '18100-18103', as nft writes it), vars (one label per port: the variable that sets it), why,
-    public (open to everyone: the entry's HTTPS port, or the router's client port without an entry),
-    entry_only (reachable from the entry hosts only), engine_range (the transfer engine's random-port range)}.
+    sources (the SOURCE_CLASSES allowed to connect; [] = loopback only, ['any'] = everyone),
+    public (sources == ['any']), entry_only (sources == ['entry']), engine_range (the transfer engine's
+    random-port range)}.
     In the firewall's rule order: etcd, master, engine range and check port, vLLM instances,
     side channels, router, entry."""
     out = []
 
-    def add(port, labels, why, last=None, public=False, engine_range=False, entry_only=False):
+    def add(port, labels, why, sources, last=None, engine_range=False):
+        unknown = [s for s in sources if s not in SOURCE_CLASSES]
+        if unknown:  # a typo here would silently open or close a port
+            raise AnsibleFilterError('host_listeners: %s has unknown source classes %s' % (labels[0], unknown))
         spec = '%s-%s' % (port, last) if last is not None else str(port)
-        out.append({'port': port, 'last': last, 'spec': spec, 'vars': labels, 'why': why, 'public': public,
-                    'engine_range': engine_range, 'entry_only': entry_only})
+        out.append({'port': port, 'last': last, 'spec': spec, 'vars': labels, 'why': why, 'sources': list(sources),
+                    'public': list(sources) == ['any'], 'engine_range': engine_range,
+                    'entry_only': list(sources) == ['entry']})
 
+    # Peers that move KV: the transfer engine, its check, the P2P handshake and the side channels.
+    kv_peers = ['prefill', 'decode']
     vllm = bool(roles.get('prefill')) or bool(roles.get('decode'))
     if roles.get('etcd'):
-        add(cfg.get('etcd_client_port'), ['etcd_client_port'], 'etcd client')
-        add(cfg.get('etcd_peer_port'), ['etcd_peer_port'], 'etcd peer')
+        tls = _truthy(cfg.get('etcd_tls_enabled'), False)
+        # With TLS only members hold the client certificate; without it Mooncake's clients use this port too.
+        add(cfg.get('etcd_client_port'), ['etcd_client_port'], 'etcd client', ['etcd'] if tls else ['etcd', 'master', 'store_clients'])
+        add(cfg.get('etcd_peer_port'), ['etcd_peer_port'], 'etcd peer', ['etcd'])
         plain = cfg.get('etcd_mooncake_client_port')
-        if _truthy(cfg.get('etcd_tls_enabled'), False) and plain is not None and str(plain) != '':
-            add(plain, ['etcd_mooncake_client_port'], 'etcd plain client listener for Mooncake')
+        if tls and plain is not None and str(plain) != '':
+            add(plain, ['etcd_mooncake_client_port'], 'etcd plain client listener for Mooncake', ['master', 'store_clients'])
     if roles.get('master'):
-        add(cfg.get('mooncake_master_rpc_port'), ['mooncake_master_rpc_port'], 'Mooncake master RPC')
-        add(cfg.get('mooncake_master_metrics_port'), ['mooncake_master_metrics_port'], 'Mooncake master metrics/health')
+        add(cfg.get('mooncake_master_rpc_port'), ['mooncake_master_rpc_port'], 'Mooncake master RPC', ['store_clients'])
+        # /metrics and /health; scraped by monitoring, every bundle check reads its own master's over loopback.
+        add(cfg.get('mooncake_master_metrics_port'), ['mooncake_master_metrics_port'], 'Mooncake master metrics/health',
+            ['monitoring'])
         if _truthy(cfg.get('mooncake_master_http_metadata_server'), True):
             add(cfg.get('mooncake_master_http_metadata_port'), ['mooncake_master_http_metadata_port'],
-                'Mooncake master HTTP metadata')
+                'Mooncake master HTTP metadata', ['store_clients'])
     if roles.get('master') or vllm:
         add(cfg.get('mooncake_rpc_port_min'), ['mooncake_rpc_port_min..mooncake_rpc_port_max'],
-            'transfer engine RPC/data range', last=cfg.get('mooncake_rpc_port_max'), engine_range=True)
-        add(cfg.get('mooncake_check_port'), ['mooncake_check_port'], 'mooncake-check control')
+            'transfer engine RPC/data range', kv_peers, last=cfg.get('mooncake_rpc_port_max'), engine_range=True)
+        add(cfg.get('mooncake_check_port'), ['mooncake_check_port'], 'mooncake-check control', kv_peers)
     instances = cfg.get('vllm_instances') or [] if vllm else []
     for i in instances:
         name = i.get('name')
-        add(i.get('port'), ['vllm_instances[%s].port' % name], 'vLLM %s HTTP' % name)
+        # The API takes the routers' key; /metrics shares the port (vLLM serves it without a key).
+        add(i.get('port'), ['vllm_instances[%s].port' % name], 'vLLM %s HTTP (API, /metrics)' % name, ['router', 'monitoring'])
         if roles.get('prefill'):
             own = i.get('bootstrap_port') is not None
             add(i.get('bootstrap_port') if own else cfg.get('vllm_default_bootstrap_port'),
                 ['vllm_instances[%s].bootstrap_port%s' % (name, '' if own else ' (vllm_default_bootstrap_port)')],
-                'vLLM %s Mooncake bootstrap' % name)
+                'vLLM %s Mooncake bootstrap' % name, kv_peers)
     if roles.get('prefill'):
         for i in instances:
             name, own = i.get('name'), i.get('side_channel_port') is not None
@@ -318,17 +355,80 @@ def host_listeners(cfg, roles):
             labels = ['vllm_instances[%s].side_channel_port%s%s' % (name, ' + %d' % n if n else '',
                                                                     '' if own else ' (vllm_side_channel_port_base)')
                       for n in range(len(sc))]
-            add(sc[0], labels, 'vLLM %s MooncakeConnector side channel (pinned)' % name,
+            add(sc[0], labels, 'vLLM %s MooncakeConnector side channel (pinned)' % name, kv_peers,
                 last=sc[-1] if len(sc) > 1 else None)
     if roles.get('router'):
         behind = bool(roles.get('behind_entry'))
         add(cfg.get('vllm_router_port'), ['vllm_router_port'],
-            'vllm-router clients (the entry hosts)' if behind else 'vllm-router clients', public=not behind, entry_only=behind)
-        add(cfg.get('vllm_router_prometheus_port'), ['vllm_router_prometheus_port'], 'vllm-router Prometheus')
+            'vllm-router clients (the entry hosts)' if behind else 'vllm-router clients', ['entry'] if behind else ['any'])
+        add(cfg.get('vllm_router_prometheus_port'), ['vllm_router_prometheus_port'], 'vllm-router Prometheus', ['monitoring'])
     if roles.get('entry'):
-        add(cfg.get('entry_port'), ['entry_port'], 'entry HTTPS (HAProxy)', public=True)
-        add(cfg.get('entry_check_port'), ['entry_check_port'], 'entry local health (HAProxy, loopback)')
+        add(cfg.get('entry_port'), ['entry_port'], 'entry HTTPS (HAProxy)', ['any'])
+        add(cfg.get('entry_check_port'), ['entry_check_port'], 'entry local health (HAProxy, loopback)', [])
     return out
+
+
+def _host_addresses(host, hostvars):
+    """A host's cluster IP and every instance's own host_ip: the addresses its connections come from."""
+    out = [host_ip(host, hostvars)]
+    out += [str(i['host_ip']) for i in hostvars[host].get('vllm_instances') or [] if i.get('host_ip')]
+    return out
+
+
+def store_mode(groups, hostvars):
+    """Whether the vLLM hosts run MooncakeStoreConnector (preflight makes every host's connector the same)."""
+    return any(host_cfg(h, hostvars).get('vllm_kv_connector') == STORE_CONNECTOR
+               for h in list(groups.get('vllm_prefill') or []) + list(groups.get('vllm_decode') or []))
+
+
+def firewall_source_classes(groups, hostvars, extra_sources=None):
+    """{class: [address or network, ...]} for every SOURCE_CLASSES entry but 'any', plus 'cluster' (every
+    bundle host, for firewall_cluster_tcp_ports). store_clients: every prefill/decode host in store mode; in
+    P2P mode the hosts of verify.yml's store round trip (the first prefill puts, the first decode gets:
+    roles/mooncake/tasks/check_store.yml), which it runs whenever there is a master."""
+    def ips(hosts):
+        seen = []
+        for h in hosts:
+            for a in _host_addresses(h, hostvars):
+                if a not in seen:
+                    seen.append(a)
+        return seen
+
+    g = {k: list(groups.get(k) or []) for k in ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode',
+                                                 'vllm_router', 'entry')}
+    if store_mode(groups, hostvars):
+        store = g['vllm_prefill'] + g['vllm_decode']
+    elif g['mooncake_master']:
+        store = g['vllm_prefill'][:1] + g['vllm_decode'][:1]
+    else:
+        store = []
+    classes = {'etcd': ips(g['etcd']), 'master': ips(g['mooncake_master']), 'prefill': ips(g['vllm_prefill']),
+               'decode': ips(g['vllm_decode']), 'router': ips(g['vllm_router']), 'entry': ips(g['entry']),
+               'store_clients': ips(store), 'monitoring': [str(s) for s in extra_sources or []]}
+    classes['cluster'] = ips([h for k in g for h in g[k]])
+    return classes
+
+
+def firewall_plan(listeners, classes, cluster_ports=None):
+    """What templates/firewall/pd-bundle.nft.j2 writes for one host, from its host_listeners and the
+    inventory's firewall_source_classes: {public: [spec] (sources 'any'), protected: [{spec, why, sources}]
+    (every other port, firewall_cluster_tcp_ports as class 'cluster'; accepted from its classes, refused from
+    everyone else), classes: [{name, v4, v6, ports}] (each class a protected port names, SOURCE_CLASSES order:
+    its addresses and the ports they may reach)}. A listener with no class is reachable over loopback only."""
+    public = [e['spec'] for e in listeners or [] if 'any' in e['sources']]
+    protected = [{'spec': e['spec'], 'why': e['why'], 'sources': list(e['sources'])}
+                 for e in listeners or [] if 'any' not in e['sources']]
+    protected += [{'spec': str(p), 'why': 'firewall_cluster_tcp_ports (not a bundle service)', 'sources': ['cluster']}
+                  for p in cluster_ports or []]
+    plan = []
+    for name in SOURCE_CLASSES:
+        ports = [p['spec'] for p in protected if name in p['sources']]
+        if name == 'any' or not ports:
+            continue
+        addrs = [str(a) for a in classes.get(name) or []]
+        plan.append({'name': name, 'ports': ports, 'v4': [a for a in addrs if ':' not in a],
+                     'v6': [a for a in addrs if ':' in a]})
+    return {'public': public, 'protected': protected, 'classes': plan}
 
 
 def listener_port_table(listeners):
@@ -504,6 +604,8 @@ class FilterModule(object):
             'bundle_router_local_url': router_local_url,
             'bundle_vllm_stale_instances': vllm_stale_instances,
             'bundle_host_listeners': host_listeners,
+            'bundle_firewall_source_classes': firewall_source_classes,
+            'bundle_firewall_plan': firewall_plan,
             'bundle_listener_port_table': listener_port_table,
             'bundle_master_ha': master_ha,
             'bundle_metadata_backend': metadata_backend,

@@ -316,7 +316,7 @@ def firewall_public_ports(cfg, host, groups, specs):
     if not _truthy(cfg.get('firewall_enabled'), False):
         return []
     return ['%s=%s on %s is not a list of ports. Fix: a YAML list of integers 1-65535, e.g. [22].' % (var, _j(cfg[var]), host)
-            for var in ('firewall_public_tcp_ports', 'firewall_public_udp_ports')
+            for var in ('firewall_public_tcp_ports', 'firewall_public_udp_ports', 'firewall_cluster_tcp_ports')
             if var in cfg and (_lax_string(specs, cfg[var], var) or (_is_list(cfg[var]) and not all(_port(p) for p in cfg[var])))]
 
 
@@ -602,6 +602,35 @@ def ports_conflicts(cfg, host, groups, specs):
         return []
     return ['Port collision on %s: %s. Fix: give each service of the host its own port, outside '
             'mooncake_rpc_port_min..mooncake_rpc_port_max.' % (host, '; '.join(conflicts))]
+
+
+@check('ports')
+def ports_side_channel_range(cfg, host, groups, specs):
+    """Each prefill instance's pinned side-channel ports lie in 1024-65535, where the pin binds
+    (plugins/tools/pd_bundle_side_channel.py: it never falls back to a random port, which the firewall would not
+    open; a port it cannot bind fails the worker)."""
+    if not _roles(host, groups)['prefill']:
+        return []
+    base, insts, out = _int(cfg.get('vllm_side_channel_port_base')), [i for _, i in _instances(cfg)], []
+    for idx, inst in _instances(cfg):
+        own = inst.get('side_channel_port') is not None
+        if (_int(inst['side_channel_port']) if own else base) is None:
+            continue  # another type: its spec refuses it
+        try:
+            ports = _bundle.vllm_side_channel_ports(inst, insts, base)
+        except (TypeError, ValueError):
+            continue  # a malformed tensor_parallel_size or name: the instance checks name it
+        if ports[0] >= _bundle.SIDE_CHANNEL_MIN_PORT and ports[-1] <= 65535:
+            continue
+        var = 'vllm_instances[%s].side_channel_port' % _iname(idx, inst) if own else 'vllm_side_channel_port_base'
+        out.append('vllm_instances[%s] on %s: its pinned side-channel ports %s-%s (%s=%s%s, one per TP rank) leave '
+                   '%d-65535, the only ports the pin binds; its workers would fail to start. Fix: set %s so that the '
+                   'instance\'s %d ports lie in %d-65535, outside mooncake_rpc_port_min..mooncake_rpc_port_max and '
+                   'the kernel\'s ephemeral range (e.g. %s: 18100).'
+                   % (_iname(idx, inst), host, ports[0], ports[-1], var, _j(inst['side_channel_port'] if own else base),
+                      '' if own else ' + %d x the instance\'s index' % _bundle.SIDE_CHANNEL_STRIDE, _bundle.SIDE_CHANNEL_MIN_PORT,
+                      var, len(ports), _bundle.SIDE_CHANNEL_MIN_PORT, var))
+    return out
 
 
 # --- fleet-wide (once, after the per-host checks) -----------------------------------------------------

@@ -8,8 +8,9 @@ routed through the restarted prefill fails after the pull timeout. With PD_BUNDL
 set, the worker binds the first free port from there (base + rank order), so the restarted prefill
 answers on the address the decodes already know, and the firewall can name the ports.
 
-Only the Mooncake connector calls bind_to_random_port in vLLM 0.32/0.33; any other caller, or a
-pinned range that is all taken, falls back to pyzmq's own random choice.
+Only the Mooncake connector calls bind_to_random_port in vLLM 0.32/0.33. When every pinned port is
+taken the bind fails (the worker, and so the unit, fails and systemd retries it): a random port would
+lie outside the range the firewall opens, and decodes could never reach it.
 """
 import os
 import sys
@@ -49,10 +50,12 @@ def install(zmq_module=None, environ=os.environ):
             except zmq_module.ZMQError:
                 continue
             return port
-        port = original(self, addr, *args, **kwargs)
-        print("pd-bundle: side-channel ports %d-%d all taken, bound %d at random (the firewall may block it)"
-              % (ports[0], ports[-1], port), file=sys.stderr)
-        return port
+        msg = ("pd-bundle: side-channel ports %d-%d are all taken; no random port instead, the firewall opens only "
+               "these. Fix: free them (ss -tlnp 'sport >= :%d and sport <= :%d'), or move the instance's range "
+               "(vllm_instances[].side_channel_port or vllm_side_channel_port_base) and re-run site.yml so the "
+               "firewall follows." % (ports[0], ports[-1], ports[0], ports[-1]))
+        print(msg, file=sys.stderr)
+        raise getattr(zmq_module, "ZMQBindError", RuntimeError)(msg)
 
     zmq_module.Socket.bind_to_random_port = bind_to_random_port
     return True

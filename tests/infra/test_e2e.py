@@ -79,9 +79,11 @@ def master_views(request, host):
     """Each master's HA view_version (from its /health): it changes when a master takes the lead."""
     views = []
     for m in groups(host).get('mooncake_master', []):
-        mv = hvars(other_host(request, m))
+        mh = other_host(request, m)
+        mv = hvars(mh)
         url = 'http://%s:%s/health' % (mv['common_host_ip'], mv['mooncake_master_metrics_port'])
-        views.append((curl_json(host, url) or {}).get('view_version'))
+        # Read on the master itself: the firewall opens its metrics port to monitoring only.
+        views.append((curl_json(mh, url) or {}).get('view_version'))
     return views
 
 

@@ -1,13 +1,15 @@
-"""The firewall role: cluster-internal ports answer cluster hosts and nobody else.
+"""The firewall role: each bundle port answers the hosts that use it and nobody else.
 
     pytest tests/infra/test_firewall.py --hosts='ansible://all' --ansible-inventory=molecule/default/inventory
 
 Per host: the unit is active and the table inet pd_bundle is loaded (loopback and replies first); each
-protected port that listens there connects from a cluster peer, and from an outsider it does not. The
-outsider is a throwaway container on the lab's docker network (PD_LAB_NETWORK, default pd-lab) that this
-module starts and removes. Against a real cluster (no docker CLI, or no such network) that part is
-skipped; where the lab network exists, an outsider that cannot start (no image, no free address, docker
-down) FAILS the test: the lab's firewall claim would otherwise go unchecked.
+protected port that listens there connects from every other bundle host of an allowed source kind and from no
+other (the issue's table, written out in protected_ports: e.g. the vLLM API from the routers only, etcd's plain
+listener from the masters and store clients only, the master's metrics from monitoring only); and an outsider
+connects to none of them. The outsider is a throwaway container on the lab's docker network (PD_LAB_NETWORK,
+default pd-lab) that this module starts and removes. Against a real cluster (no docker CLI, or no such network)
+that part is skipped; where the lab network exists, an outsider that cannot start (no image, no free address,
+docker down) FAILS the test: the lab's firewall claim would otherwise go unchecked.
 """
 import ipaddress
 import json
@@ -19,7 +21,7 @@ import uuid
 
 import pytest
 
-from conftest import groups, hvars, in_group, other_host, role_defaults
+from conftest import deployed_kv_config, groups, hvars, in_group, other_host, role_defaults
 
 TABLE = 'pd_bundle'
 UNIT = 'pd-bundle-firewall.service'
@@ -27,16 +29,10 @@ UNIT = 'pd-bundle-firewall.service'
 PORT_DEFAULTS = role_defaults(
     'etcd_client_port', 'etcd_peer_port', 'mooncake_master_rpc_port', 'mooncake_master_metrics_port',
     'mooncake_master_http_metadata_port', 'vllm_default_bootstrap_port', 'vllm_router_port',
-    'vllm_router_prometheus_port', 'entry_port',
+    'vllm_router_prometheus_port', 'entry_port', 'etcd_tls_enabled',
 )
-# Which host plays the natural client of a host's services (the first of these groups with another host).
-PEER_GROUPS = {
-    'vllm_prefill': ['vllm_decode'],
-    'vllm_decode': ['vllm_router'],
-    'etcd': ['etcd'],
-    'mooncake_master': ['etcd', 'vllm_prefill'],
-    'vllm_router': ['vllm_decode'],
-}
+KV = {'vllm_prefill', 'vllm_decode'}
+STORE_CONNECTOR = 'MooncakeStoreConnector'
 NETWORK = os.environ.get('PD_LAB_NETWORK', 'pd-lab')
 IMAGE = os.environ.get('PD_LAB_IMAGE', 'local/pd-lab-debian12:latest')
 OUTSIDER_IPS = ['172.30.0.99', '172.30.0.98', '172.30.0.97']
@@ -79,42 +75,49 @@ def enabled(host):
 
 
 def protected_ports(host):
-    """[(port, what)] of this host's fixed cluster-internal ports (ranges are not probed)."""
+    """[(port, what, allowed)] of this host's fixed protected ports (ranges are not probed). allowed: the source
+    kinds that may connect: inventory groups, 'store' (Mooncake store clients), 'monitoring'."""
     v = cfg(host)
     ports = []
     if in_group(host, 'etcd'):
-        ports += [(v['etcd_client_port'], 'etcd client'), (v['etcd_peer_port'], 'etcd peer')]
+        tls = str(v.get('etcd_tls_enabled')).lower() in ('true', '1', 'yes', 'on')
+        # Without TLS, Mooncake's etcd clients use the client port; with it, only members (the client certificate).
+        ports += [(v['etcd_client_port'], 'etcd client', {'etcd'} if tls else {'etcd', 'mooncake_master', 'store'}),
+                  (v['etcd_peer_port'], 'etcd peer', {'etcd'})]
         # etcd's plain listener for Mooncake (only while etcd TLS is on; probed only where it listens).
-        ports.append((v.get('etcd_mooncake_client_port', 2479), 'etcd plain client for Mooncake'))
+        ports.append((v.get('etcd_mooncake_client_port', 2479), 'etcd plain client for Mooncake', {'mooncake_master', 'store'}))
     if in_group(host, 'mooncake_master'):
-        ports += [(v['mooncake_master_rpc_port'], 'master RPC'), (v['mooncake_master_metrics_port'], 'master metrics'),
-                  (v['mooncake_master_http_metadata_port'], 'master HTTP metadata')]
+        ports += [(v['mooncake_master_rpc_port'], 'master RPC', {'store'}),
+                  (v['mooncake_master_metrics_port'], 'master metrics', {'monitoring'}),
+                  (v['mooncake_master_http_metadata_port'], 'master HTTP metadata', {'store'})]
     if in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode'):
         for inst in v.get('vllm_instances', []):
-            ports.append((inst['port'], 'vLLM %s' % inst['name']))
+            ports.append((inst['port'], 'vLLM %s' % inst['name'], {'vllm_router', 'monitoring'}))
             if in_group(host, 'vllm_prefill'):
-                ports.append((inst.get('bootstrap_port', v['vllm_default_bootstrap_port']), 'bootstrap %s' % inst['name']))
+                ports.append((inst.get('bootstrap_port', v['vllm_default_bootstrap_port']), 'bootstrap %s' % inst['name'], KV))
     if in_group(host, 'vllm_router'):
-        ports.append((v['vllm_router_prometheus_port'], 'router Prometheus'))
-    return [(int(p), what) for p, what in ports]
+        ports.append((v['vllm_router_prometheus_port'], 'router Prometheus', {'monitoring'}))
+    return [(int(p), what, allowed) for p, what, allowed in ports]
+
+
+def store_clients(host, request):
+    """The hosts that run a Mooncake store client: every prefill/decode host when the deployment is in store mode
+    (the first decode's deployed kv-transfer-config), else verify.yml's store round trip (first prefill and decode)."""
+    g = groups(host)
+    vllm = g.get('vllm_prefill', []) + g.get('vllm_decode', [])
+    if not g.get('mooncake_master') or not g.get('vllm_decode'):
+        return set()
+    d = other_host(request, g['vllm_decode'][0])
+    if deployed_kv_config(d, hvars(d)['vllm_instances'][0]['name']).get('kv_connector') == STORE_CONNECTOR:
+        return set(vllm)
+    return set(g.get('vllm_prefill', [])[:1] + g['vllm_decode'][:1])
 
 
 def listening(host, ports):
-    """The ports of `ports` something listens on (any address) on the host."""
+    """The entries of `ports` something listens on (any address) on the host."""
     out = host.check_output('ss -Htln')
     bound = {int(line.split()[3].rsplit(':', 1)[1]) for line in out.splitlines() if line.strip()}
-    return [(p, what) for p, what in ports if p in bound]
-
-
-def peer_of(host):
-    me = hvars(host)['inventory_hostname']
-    g = groups(host)
-    for group in [grp for grp in PEER_GROUPS if in_group(host, grp)]:
-        for cand_group in PEER_GROUPS[group]:
-            for cand in g.get(cand_group, []):
-                if cand != me:
-                    return cand
-    return None
+    return [e for e in ports if e[0] in bound]
 
 
 class NoOutsider:
@@ -192,24 +195,39 @@ def test_table_loaded_and_unit_active(host):
     # Loopback, then replies, come before any restriction.
     assert rules[0] == 'iif "lo" accept' and rules[1] == 'ct state established,related accept', rules
     # Every fixed protected port of the host is in the loaded set.
-    elems = json.loads(host.check_output('nft -j list set inet %s cluster_tcp' % TABLE))
+    elems = json.loads(host.check_output('nft -j list set inet %s protected_tcp' % TABLE))
     members = next(o['set'] for o in elems['nftables'] if 'set' in o).get('elem', [])
     ranges = [(e['range'][0], e['range'][1]) if isinstance(e, dict) else (e, e) for e in members]
-    missing = [(p, what) for p, what in protected_ports(host) if not any(lo <= p <= hi for lo, hi in ranges)]
+    missing = [(p, what) for p, what, _ in protected_ports(host) if not any(lo <= p <= hi for lo, hi in ranges)]
     assert not missing, 'not protected: %s (set: %s)' % (missing, members)
 
 
-def test_cluster_peer_connects(host, request):
+def test_each_port_admits_its_sources_only(host, request):
+    """From every other bundle host: each listening protected port connects when that host is of a source kind the
+    port allows, and is refused (or dropped) otherwise."""
     if not enabled(host):
         pytest.skip('firewall_enabled is false for this host')
     ports = listening(host, protected_ports(host))
-    peer = peer_of(host)
-    if not ports or peer is None:
-        pytest.skip('no listening protected port or no cluster peer for this host')
+    me = hvars(host)['inventory_hostname']
+    g = groups(host)
+    peers = sorted({h for grp in ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router', 'entry')
+                    for h in g.get(grp, []) if h != me})
+    if not ports or not peers:
+        pytest.skip('no listening protected port or no other bundle host')
     ip = cfg(host)['common_host_ip']
-    res = json.loads(other_host(request, peer).check_output(probe_cmd([[ip, p] for p, _ in ports])))
-    bad = {k: r for k, r in res.items() if r != 'open'}
-    assert not bad, 'cluster host %s cannot reach %s: %s (ports: %s)' % (peer, ip, bad, ports)
+    store = store_clients(host, request)
+    bad, seen = [], []
+    for peer in peers:
+        kinds = {grp for grp, members in g.items() if peer in members} | ({'store'} if peer in store else set())
+        res = json.loads(other_host(request, peer).check_output(probe_cmd([[ip, p] for p, _, _ in ports])))
+        for (port, what, allowed), got in zip(ports, (res['%s:%d' % (ip, p)] for p, _, _ in ports)):
+            want_open = bool(kinds & allowed)
+            seen.append('%s -> %s:%s (%s) %s' % (peer, me, port, what, got))
+            if (got == 'open') != want_open:
+                bad.append('%s -> %s:%s (%s, allowed %s): %s, want %s'
+                           % (peer, me, port, what, sorted(allowed), got, 'open' if want_open else 'not open'))
+    print('\n'.join(seen))
+    assert not bad, '\n'.join(bad)
 
 
 def test_outsider_is_refused(host, outsider):
@@ -224,9 +242,9 @@ def test_outsider_is_refused(host, outsider):
     ports = listening(host, protected_ports(host))
     if not ports:
         pytest.skip('no protected port listens on this host')
-    res = outsider([[ip, p] for p, _ in ports])
+    res = outsider([[ip, p] for p, _, _ in ports])
     print('outsider %s -> %s: %s' % (outsider.ip, ip, res))
-    opened = {'%s (%s)' % (k, what): r for (k, r), (_, what) in zip(res.items(), ports) if r == 'open'}
+    opened = {'%s (%s)' % (k, what): r for (k, r), (_, what, _) in zip(res.items(), ports) if r == 'open'}
     assert not opened, 'an outsider (%s) connects to protected ports: %s' % (outsider.ip, opened)
     behind_entry = bool(groups(host).get('entry'))
     if in_group(host, 'vllm_router'):

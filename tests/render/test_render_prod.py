@@ -97,7 +97,8 @@ def test_router_lists_every_prefill_and_decode(prod_render, inventory):
                                       for h, i in instances(inventory, 'vllm_prefill'))
     assert sorted(decodes) == sorted('http://%s:%s' % (hv[h]['ansible_host'], i['port'])
                                      for h, i in instances(inventory, 'vllm_decode'))
-    assert argv[argv.index('--host') + 1] == '0.0.0.0'
+    # The routers listen on their cluster address only: the entry hosts reach them, the world does not.
+    assert argv[argv.index('--host') + 1] == hv[router]['ansible_host']
     assert argv[argv.index('--prometheus-port') + 1] == '29000'
 
 
@@ -219,65 +220,161 @@ def _in(port, elems):
                ((e['range'][0], e['range'][1]) if isinstance(e, dict) else (e, e) for e in elems or []))
 
 
-def test_firewall_rulesets_load_and_protect(prod_render, inventory):
-    """Each host's ruleset loads (nft, in a throwaway user+network namespace) and protects its own ports."""
-    _need_tools('nft', 'unshare')
+BUNDLE_GROUPS = ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router', 'entry')
+MONITORING_IP, OUTSIDER_IP = '10.10.9.77', '10.10.2.5'  # in / outside inventory/prod's firewall_extra_sources
+KV = {'vllm_prefill', 'vllm_decode'}
+
+
+def _load_ruleset(path):
+    """The ruleset as nft loaded it (twice: the replace is repeatable), in a throwaway user+network namespace."""
+    text = path.read_text()
+    assert not [l for l in text.splitlines() if 'flush' in l and not l.strip().startswith('#')], \
+        'the bundle must never flush other tables'
+    res = subprocess.run(['unshare', '-rn', 'sh', '-c', 'nft -f "$1" && nft -f "$1" && nft -j list table inet pd_bundle',
+                          '_', str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, '%s: %s' % (path, res.stderr)
+    return json.loads(res.stdout)['nftables']
+
+
+def _verdict(doc, saddr, dport):
+    """What the loaded input chain does with a new TCP connection (not over loopback) from saddr to dport:
+    accept, reject or drop. Matches this does not model (ct state, iif, udp, ICMP, VRRP) never match such a packet."""
+    sets = {o['set']['name']: o['set'].get('elem', []) for o in doc if 'set' in o}
+    chain = next(o['chain'] for o in doc if 'chain' in o and o['chain']['name'] == 'input')
+    fam = 'ip6' if ':' in saddr else 'ip'
+
+    def elems(right):
+        return sets[right[1:]] if isinstance(right, str) and right.startswith('@') else \
+            right['set'] if isinstance(right, dict) and 'set' in right else [right]
+
+    for rule in (o['rule'] for o in doc if 'rule' in o and o['rule']['chain'] == 'input'):
+        verdict, hit = None, True
+        for e in rule['expr']:
+            if 'match' in e:
+                left, right = e['match']['left'].get('payload', {}), e['match']['right']
+                if (left.get('protocol'), left.get('field')) == ('tcp', 'dport'):
+                    hit = _in(dport, elems(right))
+                elif left.get('field') == 'saddr':
+                    hit = left.get('protocol') == fam and _ip_in(saddr, elems(right))
+                else:
+                    hit = False
+                if not hit:
+                    break
+            verdict = next((k for k in ('accept', 'drop', 'reject') if k in e), verdict)
+        if hit and verdict:
+            return verdict
+    return chain['policy']
+
+
+def _want_sources(h, groups, hv):
+    """{port: the source kinds allowed} of host h, written out from the issue's table (not from bundle.py): a
+    group name, 'store' (store clients), 'monitoring' (firewall_extra_sources), 'cluster' (every bundle host),
+    'any'; an empty set is loopback only."""
+    want = {22: {'any'}}  # firewall_public_tcp_ports, open with firewall_default_drop
+    if h in groups['etcd']:
+        want.update({2379: {'etcd'}, 2380: {'etcd'}, 2479: {'mooncake_master', 'store'}})
+    if h in groups['mooncake_master']:
+        want.update({50051: {'store'}, 9003: {'monitoring'}, 8080: {'store'}})
+    if h in groups['mooncake_master'] + groups['vllm_prefill'] + groups['vllm_decode']:
+        want.update({p: set(KV) for p in (15000, 16000, 17000, 18800)})
+    for g in ('vllm_prefill', 'vllm_decode'):
+        for n, i in enumerate(hv[h]['vllm_instances'] if h in groups[g] else []):
+            want[i['port']] = {'vllm_router', 'monitoring'}  # the API (routers' key) and /metrics
+            if g == 'vllm_prefill':  # bootstrap, and the pinned side channels: 16 apart, one per TP rank
+                want.update({p: set(KV) for p in (i['bootstrap_port'], 18100 + 16 * n,
+                                                   18100 + 16 * n + i['tensor_parallel_size'] - 1)})
+    if h in groups['vllm_router']:
+        want.update({8000: {'entry'} if groups.get('entry') else {'any'}, 29000: {'monitoring'}})
+    if h in groups.get('entry', []):
+        want.update({443: {'any'}, 8404: set()})
+    want.update({p: {'cluster'} for p in hv[h].get('firewall_cluster_tcp_ports', [])})
+    return want
+
+
+def _probes(inventory, store):
+    """(address, the source kinds it belongs to) of every bundle host, a monitoring and an outside address."""
     groups, hv = inventory
-    hosts = sorted({h for g in ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router', 'entry')
-                    for h in groups.get(g, [])})
-    cluster = sorted({hv[h]['ansible_host'] for h in hosts})
+    hosts = sorted({h for g in BUNDLE_GROUPS for h in groups.get(g, [])})
+    probes = [(hv[p]['ansible_host'], {g for g in BUNDLE_GROUPS if p in groups.get(g, [])} | {'cluster'}
+               | ({'store'} if p in store else set())) for p in hosts]
+    return probes + [(MONITORING_IP, {'monitoring'}), (OUTSIDER_IP, set())]
+
+
+def _source_problems(doc, h, inventory, store, table=None):
+    """Where host h's loaded ruleset doc differs from _want_sources: for each of its ports every probe gets
+    accept when it is of an allowed kind, else reject; a port of no service (and the first side-channel port past
+    the pinned ones) is dropped for all."""
+    groups, hv = inventory
+    probes, bad = _probes(inventory, store), []
+    for port, kinds in sorted(_want_sources(h, groups, hv).items()):
+        allowed = []
+        for ip, kind in probes:
+            want = 'accept' if 'any' in kinds or kinds & kind else 'reject'
+            got = _verdict(doc, ip, port)
+            allowed += [ip] if got == 'accept' else []
+            if got != want:
+                bad.append('%s:%s from %s (%s): %s, want %s' % (h, port, ip, ','.join(sorted(kind)), got, want))
+        if table is not None:
+            table.append('%-9s %-6s %-28s %s' % (h, port, ','.join(sorted(kinds)) or 'loopback', ' '.join(allowed)))
+    others = [5555] + ([18100 + 16 * len(hv[h]['vllm_instances'])] if h in groups['vllm_prefill'] else [])
+    bad += ['%s:%s from %s: %s, want drop' % (h, p, ip, _verdict(doc, ip, p))
+            for p in others for ip, _ in probes if _verdict(doc, ip, p) != 'drop']
+    return bad
+
+
+def _check_rulesets(render, inventory, store):
+    groups, hv = inventory
     entry_ips = [hv[e]['ansible_host'] for e in groups.get('entry', [])]
-    for h in hosts:
-        path = prod_render / h / 'etc/pd-bundle/firewall.nft'
-        text = path.read_text()
-        assert not [l for l in text.splitlines() if 'flush' in l and not l.strip().startswith('#')], \
-            'the bundle must never flush other tables'
-        res = subprocess.run(['unshare', '-rn', 'sh', '-c', 'nft -f "$1" && nft -f "$1" && nft -j list table inet pd_bundle',
-                              '_', str(path)], capture_output=True, text=True)
-        assert res.returncode == 0, '%s: %s' % (path, res.stderr)  # loaded twice: the replace is repeatable
-        doc = json.loads(res.stdout)['nftables']
-        sets = {o['set']['name']: o['set'].get('elem', []) for o in doc if 'set' in o}
-        assert all(_ip_in(ip, sets['cluster_v4']) for ip in cluster), (h, sets['cluster_v4'])
-        assert _ip_in('10.10.9.77', sets['cluster_v4']), 'firewall_extra_sources (10.10.9.0/24) missing on %s' % h
-        assert not _ip_in('10.10.2.5', sets['cluster_v4']), 'a non-cluster address is allowed on %s' % h
-        tcp = sets['cluster_tcp']
-        want = []
-        if h in groups['etcd']:
-            want += [2379, 2380]
-        if h in groups['mooncake_master']:
-            want += [50051, 9003, 8080]
-        if h in groups['mooncake_master'] + groups['vllm_prefill'] + groups['vllm_decode']:
-            want += [15000, 16000, 17000, 18800]
-        for g in ('vllm_prefill', 'vllm_decode'):
-            for n, i in enumerate(hv[h]['vllm_instances'] if h in groups[g] else []):
-                # Prefill side channels: pinned, 16 ports apart per instance, one per TP rank.
-                sc = [18100 + 16 * n, 18100 + 16 * n + i['tensor_parallel_size'] - 1]
-                want += [i['port']] + ([i['bootstrap_port']] + sc if g == 'vllm_prefill' else [])
-        if h in groups['vllm_prefill']:
-            assert not _in(49152, tcp) and not _in(18100 + 16 * len(hv[h]['vllm_instances']), tcp), \
-                'only the pinned side-channel ports are opened on %s' % h
-        if h in groups['vllm_router']:
-            want += [29000]
-            if entry_ips:  # behind the entry: the router's client port takes the entry hosts only
-                assert _in(8000, sets['entry_tcp']) and not _in(8000, sets['public_tcp']) and not _in(8000, tcp), (h, sets)
-                assert all(_ip_in(ip, sets['entry_v4']) for ip in entry_ips), (h, sets['entry_v4'])
-                assert not _ip_in(hv[groups['etcd'][0]]['ansible_host'], sets['entry_v4']), (h, sets['entry_v4'])
-            else:
-                assert _in(8000, sets['public_tcp']) and not _in(8000, tcp), 'the router port stays public'
-        else:
-            assert 'entry_tcp' not in sets, 'only the routers have an entry-only port (%s)' % h
-        if h in groups.get('entry', []):
-            want += [8404]
-            assert _in(443, sets['public_tcp']) and not _in(443, tcp), (h, sets['public_tcp'])
-            peers = [ip for ip in entry_ips if ip != hv[h]['ansible_host']]
-            assert peers and sorted(e for e in sets['vrrp_peers_v4']) == sorted(peers), (h, sets.get('vrrp_peers_v4'))
-        else:
-            assert 'vrrp_peers_v4' not in sets and not _in(443, sets['public_tcp']), h
-        assert want and [p for p in want if not _in(p, tcp)] == [], (h, want, tcp)
+    table = []
+    for h in sorted({h for g in BUNDLE_GROUPS for h in groups.get(g, [])}):
+        doc = _load_ruleset(render / h / 'etc/pd-bundle/firewall.nft')
         rules = [o['rule']['expr'] for o in doc if 'rule' in o]
         assert json.dumps(rules[0]).find('"lo"') > 0 and json.dumps(rules[1]).find('established') > 0, rules[:2]
         chain = next(o['chain'] for o in doc if 'chain' in o)
-        assert chain['policy'] == 'accept', 'default input policy is accept (firewall_default_drop: false)'
+        assert chain['policy'] == 'drop', 'inventory/prod ships firewall_default_drop: true (%s)' % h
+        bad = _source_problems(doc, h, inventory, store, table)
+        assert not bad, '\n'.join(bad)
+        peers = [ip for ip in entry_ips if ip != hv[h]['ansible_host']]
+        sets = {o['set']['name']: o['set'].get('elem', []) for o in doc if 'set' in o}
+        if h in groups.get('entry', []):
+            assert peers and sorted(e for e in sets['vrrp_peers_v4']) == sorted(peers), (h, sets.get('vrrp_peers_v4'))
+        else:
+            assert 'vrrp_peers_v4' not in sets, h
+    print('host      port   allowed kinds                accepted from\n' + '\n'.join(table))
+
+
+def _p2p_store_clients(inventory):
+    """P2P (inventory/prod): the store clients are verify.yml's store round trip, the first prefill and decode host."""
+    groups, _ = inventory
+    return {groups['vllm_prefill'][0], groups['vllm_decode'][0]}
+
+
+def test_firewall_rulesets_load_and_protect(prod_render, inventory):
+    """Each host's ruleset loads (nft, in a throwaway user+network namespace) and admits, per port, exactly the
+    sources that use it."""
+    _need_tools('nft', 'unshare')
+    _check_rulesets(prod_render, inventory, _p2p_store_clients(inventory))
+
+
+def test_firewall_store_mode_admits_every_store_client(store_render, inventory):
+    """Store mode: every prefill and decode host reaches etcd's plain listener and the master's RPC and metadata."""
+    _need_tools('nft', 'unshare')
+    groups, _ = inventory
+    _check_rulesets(store_render, inventory, set(groups['vllm_prefill'] + groups['vllm_decode']))
+
+
+def test_firewall_proof_catches_a_wrong_source(prod_render, inventory, tmp_path):
+    """The per-port proof fails when one port admits one class too many: monitoring on etcd's plain listener
+    (the issue's bypass), written into a copy of a rendered ruleset."""
+    _need_tools('nft', 'unshare')
+    groups, _ = inventory
+    h = groups['etcd'][0]
+    text = (prod_render / h / 'etc/pd-bundle/firewall.nft').read_text()
+    assert text.count('elements = { 9003 }') == 1, 'the monitoring class of %s changed shape' % h
+    wrong = tmp_path / 'wrong.nft'
+    wrong.write_text(text.replace('elements = { 9003 }', 'elements = { 9003, 2479 }'))
+    bad = _source_problems(_load_ruleset(wrong), h, inventory, _p2p_store_clients(inventory))
+    assert bad == ['%s:2479 from %s (monitoring): accept, want reject' % (h, MONITORING_IP)], bad
 
 
 MANIFEST = REPO / 'tests' / 'render' / 'prod-render.sha256'

@@ -268,6 +268,96 @@ def test_host_listeners_one_table_for_firewall_and_preflight():
     assert [e["spec"] for e in ls] == ["2379", "2380", "15000-17000", "18800", "8100", "8101"]
 
 
+# Who may connect to each port, written out here (not read from bundle.py): metrics ports take monitoring,
+# the API the routers, KV ports the prefill/decode hosts, etcd's plain listener Mooncake's etcd clients only.
+WANT_SOURCES = {
+    "2379": ["etcd"], "2380": ["etcd"], "2479": ["master", "store_clients"],
+    "50051": ["store_clients"], "9003": ["monitoring"], "8080": ["store_clients"],
+    "15000-17000": ["prefill", "decode"], "18800": ["prefill", "decode"],
+    "8100": ["router", "monitoring"], "8101": ["router", "monitoring"],
+    "8998": ["prefill", "decode"], "8999": ["prefill", "decode"], "18100-18101": ["prefill", "decode"],
+    "18116": ["prefill", "decode"], "8000": ["any"], "29000": ["monitoring"],
+}
+
+
+def source_problems(listeners, want):
+    """[spec: got != want] for every listener whose sources differ from want (order does not matter)."""
+    return ["%s: %s != %s" % (e["spec"], sorted(e["sources"]), sorted(want.get(e["spec"], ["?"])))
+            for e in listeners if sorted(e["sources"]) != sorted(want.get(e["spec"], ["?"]))]
+
+
+def test_host_listeners_sources_per_port():
+    ls = bf.host_listeners(_LISTEN_CFG, {"etcd": True, "master": True, "prefill": True, "router": True})
+    assert source_problems(ls, WANT_SOURCES) == []
+    assert all(set(e["sources"]) <= set(bf.SOURCE_CLASSES) for e in ls)
+    # Monitoring reaches the metrics ports only: the master's, the router's and the instances' (/metrics).
+    assert [e["spec"] for e in ls if "monitoring" in e["sources"]] == ["9003", "8100", "8101", "29000"]
+    assert [e["spec"] for e in ls if "any" in e["sources"]] == [e["spec"] for e in ls if e["public"]] == ["8000"]
+
+
+def test_a_wrong_source_is_caught():
+    """The per-port comparison above fails when one port takes one class too many (monitoring on etcd's
+    plain listener: the issue's bypass) or one too few."""
+    ls = bf.host_listeners(_LISTEN_CFG, {"etcd": True, "master": True, "prefill": True, "router": True})
+    wrong = [dict(e, sources=e["sources"] + ["monitoring"]) if e["spec"] == "2479" else e for e in ls]
+    assert source_problems(wrong, WANT_SOURCES) == ["2479: ['master', 'monitoring', 'store_clients'] != "
+                                                    "['master', 'store_clients']"]
+    short = [dict(e, sources=["router"]) if e["spec"] == "8100" else e for e in ls]
+    assert source_problems(short, WANT_SOURCES) == ["8100: ['router'] != ['monitoring', 'router']"]
+    # The plan the template writes follows the listeners: the wrong table would open 2479 to monitoring.
+    plan = bf.firewall_plan(wrong, {"monitoring": ["10.10.9.0/24"]})
+    assert "2479" in next(c for c in plan["classes"] if c["name"] == "monitoring")["ports"]
+
+
+def test_host_listeners_sources_follow_etcd_tls_and_the_entry():
+    # Without etcd TLS Mooncake's etcd clients use the client port (there is no plain listener).
+    ls = bf.host_listeners(dict(_LISTEN_CFG, etcd_tls_enabled=False), {"etcd": True})
+    assert [(e["spec"], e["sources"]) for e in ls] == [("2379", ["etcd", "master", "store_clients"]), ("2380", ["etcd"])]
+    # Behind an entry the router's client port takes the entry hosts only; the entry's check port is loopback only.
+    ls = bf.host_listeners(_LISTEN_CFG, {"router": True, "behind_entry": True})
+    assert [(e["spec"], e["sources"], e["entry_only"], e["public"]) for e in ls] == [
+        ("8000", ["entry"], True, False), ("29000", ["monitoring"], False, False)]
+    ls = bf.host_listeners(dict(entry_port=443, entry_check_port=8404), {"entry": True})
+    assert [(e["spec"], e["sources"]) for e in ls] == [("443", ["any"]), ("8404", [])]
+
+
+_FW_GROUPS = {"etcd": ["c1", "c2", "c3"], "mooncake_master": ["c1", "c2"], "vllm_prefill": ["p1", "p2"],
+              "vllm_decode": ["d1"], "vllm_router": ["r1"], "entry": []}
+_FW_HV = {"c1": {"common_host_ip": "10.0.0.1"}, "c2": {"common_host_ip": "10.0.0.2"}, "c3": {"ansible_host": "10.0.0.3"},
+          "p1": {"common_host_ip": "10.0.1.1", "vllm_instances": [{"name": "a", "host_ip": "10.0.1.101"}]},
+          "p2": {"common_host_ip": "10.0.1.2"}, "d1": {"common_host_ip": "10.0.2.1"},
+          "r1": {"common_host_ip": "10.0.3.1"}}
+
+
+def test_firewall_source_classes():
+    c = bf.firewall_source_classes(_FW_GROUPS, _FW_HV, ["10.10.9.0/24", "fd00::/64"])
+    assert c["etcd"] == ["10.0.0.1", "10.0.0.2", "10.0.0.3"] and c["master"] == ["10.0.0.1", "10.0.0.2"]
+    assert c["prefill"] == ["10.0.1.1", "10.0.1.101", "10.0.1.2"]  # an instance's own host_ip too
+    assert c["monitoring"] == ["10.10.9.0/24", "fd00::/64"] and c["entry"] == []
+    assert c["cluster"] == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.1.1", "10.0.1.101", "10.0.1.2", "10.0.2.1",
+                            "10.0.3.1"]
+    # P2P: only verify.yml's store round trip (first prefill puts, first decode gets) is a store client.
+    assert c["store_clients"] == ["10.0.1.1", "10.0.1.101", "10.0.2.1"]
+    assert bf.firewall_source_classes(dict(_FW_GROUPS, mooncake_master=[]), _FW_HV)["store_clients"] == []
+    store = {h: dict(v, vllm_kv_connector=bf.STORE_CONNECTOR) for h, v in _FW_HV.items()}
+    assert bf.firewall_source_classes(_FW_GROUPS, store)["store_clients"] == ["10.0.1.1", "10.0.1.101", "10.0.1.2",
+                                                                             "10.0.2.1"]
+
+
+def test_firewall_plan_groups_ports_by_class():
+    ls = bf.host_listeners(_LISTEN_CFG, {"etcd": True, "master": True, "prefill": True, "router": True})
+    classes = bf.firewall_source_classes(_FW_GROUPS, _FW_HV, ["10.10.9.0/24", "fd00::/64"])
+    plan = bf.firewall_plan(ls, classes, [8081])
+    assert plan["public"] == ["8000"]
+    assert [p["spec"] for p in plan["protected"]] == [e["spec"] for e in ls if e["spec"] != "8000"] + ["8081"]
+    by = {c["name"]: c for c in plan["classes"]}
+    assert list(by) == ["etcd", "master", "prefill", "decode", "router", "store_clients", "monitoring", "cluster"]
+    assert by["monitoring"]["ports"] == ["9003", "8100", "8101", "29000"]
+    assert (by["monitoring"]["v4"], by["monitoring"]["v6"]) == (["10.10.9.0/24"], ["fd00::/64"])
+    assert by["master"]["ports"] == ["2479"] and by["store_clients"]["ports"] == ["2479", "50051", "8080"]
+    assert by["cluster"] == {"name": "cluster", "ports": ["8081"], "v4": classes["cluster"], "v6": []}
+
+
 def test_vllm_stale_instances():
     show = ("ExecMainStartTimestamp=@1000\nId=vllm@p0.service\n\n"
             "Id=vllm@p1.service\nExecMainStartTimestamp=@3000\n\n"

@@ -2,6 +2,8 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[2] / "plugins" / "tools" / "pd_bundle_side_channel.py"
 spec = importlib.util.spec_from_file_location("pd_bundle_side_channel", SRC)
 sc = importlib.util.module_from_spec(spec)
@@ -66,7 +68,11 @@ def test_same_port_after_a_restart():
     assert z.Socket().bind_to_random_port("tcp://10.0.0.1") == 9100
 
 
-def test_second_rank_takes_the_next_port_and_full_range_falls_back():
+def test_second_rank_takes_the_next_port_and_a_full_range_fails():
+    """Never a random port: it would lie outside the range the firewall opens."""
     z = fresh_zmq()
     sc.install(z, {sc.ENV: "9100", sc.SPAN_ENV: "2"})
-    assert [z.Socket().bind_to_random_port("tcp://h") for _ in range(3)] == [9100, 9101, 55555]
+    assert [z.Socket().bind_to_random_port("tcp://h") for _ in range(2)] == [9100, 9101]
+    with pytest.raises(RuntimeError, match="9100-9101 are all taken.*vllm_side_channel_port_base"):
+        z.Socket().bind_to_random_port("tcp://h")
+    assert 55555 not in FakeZmq.taken  # pyzmq's own random choice was never made

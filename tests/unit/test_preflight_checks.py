@@ -172,6 +172,11 @@ FAILING = {
     "ports_conflicts": ("gpu-p1", with_instance("gpu-p1", 1, bootstrap_port=8100), None,
                         ["Port collision on gpu-p1",
                          "port 8100 is used by vllm_instances[prefill0].port and vllm_instances[prefill1].bootstrap_port"]),
+    # prefill1 (index 1) of the base formula: 65530 + 16 = 65546, past the last port.
+    "ports_side_channel_range": ("gpu-p1", with_vars("gpu-p1", vllm_side_channel_port_base=65530), None,
+                                 ["vllm_instances[prefill1] on gpu-p1", "side-channel ports 65546-65549",
+                                  "vllm_side_channel_port_base=65530 + 16 x the instance's index", "1024-65535",
+                                  "Fix: set vllm_side_channel_port_base"]),
     "kv_mode_consistent": ("gpu-d1", with_vars("gpu-d1", **STORE), None,
                            ["vllm_kv_connector differs between prefill and decode", "gpu-d1=MooncakeStoreConnector"]),
     "kv_mode_store_master": ("ctl-1", store_inv(), groups_with(mooncake_master=None),
