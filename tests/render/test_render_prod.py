@@ -2,6 +2,7 @@
 import ipaddress
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -361,6 +362,21 @@ def test_firewall_store_mode_admits_every_store_client(store_render, inventory):
     _need_tools('nft', 'unshare')
     groups, _ = inventory
     _check_rulesets(store_render, inventory, set(groups['vllm_prefill'] + groups['vllm_decode']))
+
+
+# A protocol written by name needs /etc/protocols (netbase), which minimal hosts and the lab's containers lack:
+# nft then refuses the whole ruleset. The rulesets name protocols by number.
+PROTOCOL_BY_NAME = re.compile(r'\b(?:l4proto|ip protocol|ip6 nexthdr)\s+(?:\{[^}]*[a-z][^}]*\}|[a-z][a-z0-9-]*)')
+
+
+def test_firewall_names_no_protocol_by_name(prod_render):
+    rulesets = sorted(prod_render.glob('*/etc/pd-bundle/firewall.nft'))
+    assert rulesets
+    for f in rulesets:
+        hits = PROTOCOL_BY_NAME.findall(f.read_text())
+        assert not hits, '%s names a protocol (needs netbase; write its number): %s' % (f.relative_to(prod_render), hits)
+    assert PROTOCOL_BY_NAME.search('meta l4proto { icmp, ipv6-icmp } accept')
+    assert not PROTOCOL_BY_NAME.search('meta l4proto { 1, 58 } accept\nip protocol 112 accept')
 
 
 def test_firewall_proof_catches_a_wrong_source(prod_render, inventory, tmp_path):
