@@ -347,7 +347,9 @@ def host_listeners(cfg, roles):
             own = i.get('bootstrap_port') is not None
             add(i.get('bootstrap_port') if own else cfg.get('vllm_default_bootstrap_port'),
                 ['vllm_instances[%s].bootstrap_port%s' % (name, '' if own else ' (vllm_default_bootstrap_port)')],
-                'vLLM %s Mooncake bootstrap' % name, kv_peers)
+                # The routers too: vllm-router (--kv-connector mooncake) queries each prefill's bootstrap server
+                # when it starts ("Querying Mooncake bootstrap at http://...:8998"); refused, it never serves.
+                'vLLM %s Mooncake bootstrap' % name, kv_peers + ['router'])
     if roles.get('prefill'):
         for i in instances:
             name, own = i.get('name'), i.get('side_channel_port') is not None

@@ -94,7 +94,9 @@ def protected_ports(host):
         for inst in v.get('vllm_instances', []):
             ports.append((inst['port'], 'vLLM %s' % inst['name'], {'vllm_router', 'monitoring'}))
             if in_group(host, 'vllm_prefill'):
-                ports.append((inst.get('bootstrap_port', v['vllm_default_bootstrap_port']), 'bootstrap %s' % inst['name'], KV))
+                # vllm-router queries each prefill's bootstrap server when it starts
+                ports.append((inst.get('bootstrap_port', v['vllm_default_bootstrap_port']), 'bootstrap %s' % inst['name'],
+                              KV | {'vllm_router'}))
     if in_group(host, 'vllm_router'):
         ports.append((v['vllm_router_prometheus_port'], 'router Prometheus', {'monitoring'}))
     return [(int(p), what, allowed) for p, what, allowed in ports]

@@ -281,9 +281,10 @@ def _want_sources(h, groups, hv):
     for g in ('vllm_prefill', 'vllm_decode'):
         for n, i in enumerate(hv[h]['vllm_instances'] if h in groups[g] else []):
             want[i['port']] = {'vllm_router', 'monitoring'}  # the API (routers' key) and /metrics
-            if g == 'vllm_prefill':  # bootstrap, and the pinned side channels: 16 apart, one per TP rank
-                want.update({p: set(KV) for p in (i['bootstrap_port'], 18100 + 16 * n,
-                                                   18100 + 16 * n + i['tensor_parallel_size'] - 1)})
+            if g == 'vllm_prefill':  # the pinned side channels: 16 apart, one per TP rank
+                want.update({p: set(KV) for p in (18100 + 16 * n, 18100 + 16 * n + i['tensor_parallel_size'] - 1)})
+                # bootstrap: the KV peers, and the routers (vllm-router queries it when it starts)
+                want[i['bootstrap_port']] = KV | {'vllm_router'}
     if h in groups['vllm_router']:
         want.update({8000: {'entry'} if groups.get('entry') else {'any'}, 29000: {'monitoring'}})
     if h in groups.get('entry', []):

@@ -275,7 +275,7 @@ WANT_SOURCES = {
     "50051": ["store_clients"], "9003": ["monitoring"], "8080": ["store_clients"],
     "15000-17000": ["prefill", "decode"], "18800": ["prefill", "decode"],
     "8100": ["router", "monitoring"], "8101": ["router", "monitoring"],
-    "8998": ["prefill", "decode"], "8999": ["prefill", "decode"], "18100-18101": ["prefill", "decode"],
+    "8998": ["prefill", "decode", "router"], "8999": ["prefill", "decode", "router"], "18100-18101": ["prefill", "decode"],
     "18116": ["prefill", "decode"], "8000": ["any"], "29000": ["monitoring"],
 }
 
