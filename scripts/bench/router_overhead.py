@@ -208,19 +208,18 @@ class Bench:
         return {"model": self.args.model, "prompt": make_prompt(uuid.uuid4().hex, self.args.prompt_words),
                 "max_tokens": self.args.max_tokens, "temperature": 0.0, "ignore_eos": True}
 
-    def via_router(self):
+    def _completion(self, base, auth):
+        """(seconds, response) of one completion at base (a router, or the entry) with its auth headers."""
         req = self.request()
         t0 = time.perf_counter()
-        out = json.loads(self.http.request("POST", self.args.router.rstrip("/") + "/v1/completions", req,
-                                           self.auth))
+        out = json.loads(self.http.request("POST", base.rstrip("/") + "/v1/completions", req, auth))
         return time.perf_counter() - t0, out
 
+    def via_router(self):
+        return self._completion(self.args.router, self.auth)
+
     def via_entry(self):
-        req = self.request()
-        t0 = time.perf_counter()
-        out = json.loads(self.http.request("POST", self.args.entry.rstrip("/") + "/v1/completions", req,
-                                           self.entry_auth))
-        return time.perf_counter() - t0, out
+        return self._completion(self.args.entry, self.entry_auth)
 
     def direct(self):
         p_url, bootstrap, engine_id = self.prefills[self.next % len(self.prefills)]
