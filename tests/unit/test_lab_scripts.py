@@ -222,6 +222,37 @@ class _SlowProbeLab:
         return True
 
 
+def test_killed_haproxy_excuses_only_refusals_while_it_was_down():
+    """kill -9 of the entry's HAProxy: the request in flight may fail (bound 1); connections refused between
+    the kill and systemd's restart are counted apart and bounded; any other failure, or a refusal after the
+    restart, counts against bound 1."""
+    refused = "URLError: <urlopen error [Errno 111] Connection refused>"
+    reset = "RemoteDisconnected: Remote end closed connection without response"
+    r = {"drill": "kill -9 entry haproxy", "kind": "entry haproxy", "host": "entry1", "kill_epoch": 1010.0,
+         "restarted_s": 2.0, "end_epoch": 1030.0, "recovery_epoch": 1015.0}
+
+    def attributed(*fails):
+        res = dict(r)
+        drills.attribute_failures([res], {"start_epoch": 1000.0,
+                                          "failures": [{"t": t, "error": e} for t, e in fails]})
+        return res, drills.failure_problems(res)
+    # CI: the request in flight reset, then one refused 0.5 s later while HAProxy restarted.
+    res, problems = attributed((9.5, reset), (10.6, refused))
+    assert (res["failed"], res["refused_while_down"], problems) == (2, 1, [])
+    # Two failures that are not refusals: over bound 1.
+    assert "2 failed requests" in attributed((9.5, reset), (10.6, reset))[1][0]
+    # A refusal after the restart (t=13 s > kill + 2 s) is not excused.
+    assert "2 failed requests" in attributed((9.5, reset), (13.0, refused))[1][0]
+    # Refusals beyond REFUSED_BOUND (HAProxy down for seconds) fail the drill.
+    many = [(10.0 + i * 0.1, refused) for i in range(drills.REFUSED_BOUND["entry haproxy"] + 1)]
+    res, problems = attributed(*many)
+    assert "connections refused while it was down" in problems[0]
+    # Other kinds excuse nothing: an etcd drill with one refusal fails.
+    etcd = dict(r, kind="etcd member", drill="kill -9 etcd member")
+    drills.attribute_failures([etcd], {"start_epoch": 1000.0, "failures": [{"t": 10.5, "error": refused}]})
+    assert "bound 0" in drills.failure_problems(etcd)[0]
+
+
 def test_kill_drill_recovers_when_the_passing_probe_was_sent():
     """The recovery point is the send time of the passing probe (after one failed probe and wait_for's 0.5 s
     step), not its end; how long the probe took is kept as probe_s."""
