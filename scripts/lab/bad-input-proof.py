@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -259,7 +260,9 @@ def snapshot_problems(host, snap, spec):
 
 
 def snapshot(hosts, specs):
-    return {h: snapshot_host(h, specs[h]) for h in hosts}
+    """Every host at once (one docker exec each)."""
+    with ThreadPoolExecutor(max_workers=len(hosts) or 1) as pool:
+        return dict(zip(hosts, pool.map(lambda h: snapshot_host(h, specs[h]), hosts)))
 
 
 def diff(a, b):
@@ -390,7 +393,9 @@ def prove(args):
     even.write_text(EVEN_ETCD.format(host=LAB.hosts("vllm_prefill")[0]))
     runs = [(cid, [args.inventory], ["-e", json.dumps(ev)], needles) for cid, ev, needles in CASES]
     runs.append(("even_etcd_count", [args.inventory, str(even)], [], EVEN_ETCD_NEEDLES))
-    for cid, inv, extra, needles in runs:
+
+    def refused(run):
+        cid, inv, extra, needles = run
         t0 = time.monotonic()
         res = playbook(inv, *extra)
         try:
@@ -401,17 +406,11 @@ def prove(args):
             why = refusal_problem(res.returncode, doc, needles)
         task, fails = first_failure(doc)
         msg = next((m for ms in fails.values() for m in ms), "")
-        rows.append({"case": cid, "rc": res.returncode, "failed_task": task or "", "refused": why is None,
-                     "seconds": round(time.monotonic() - t0, 1), "message": msg[:400]})
-        if why is not None:
-            problems.append(f"{cid}: {why}\n{res.stderr[-1500:]}")
-    after = snapshot(args.hosts, specs)
-    changes = diff(before, after)
-    if changes:
-        problems.append("hosts changed after refused runs:\n  " + "\n  ".join(changes))
-    report = {"cases": rows, "unchanged_after_refusals": not changes, "problems": problems}
+        row = {"case": cid, "rc": res.returncode, "failed_task": task or "", "refused": why is None,
+               "seconds": round(time.monotonic() - t0, 1), "message": msg[:400]}
+        return row, None if why is None else f"{cid}: {why}\n{res.stderr[-1500:]}"
 
-    if args.check_diff:
+    def check_diff():
         t0 = time.monotonic()
         res = playbook([args.inventory], check=True)
         try:
@@ -421,13 +420,28 @@ def prove(args):
             doc, why = {}, str(e)
         if why is not None:
             task, fails = first_failure(doc)
-            problems.append(f"--check --diff: {why}; first failure {task!r} {fails}\n{res.stderr[-2000:]}")
-        changes = diff(after, snapshot(args.hosts, specs))
-        if changes:
-            problems.append("hosts changed after --check:\n  " + "\n  ".join(changes))
-        report["check_diff"] = {"rc": res.returncode, "changed": {h: s.get("changed") for h, s in
-                                                                  doc.get("stats", {}).items()},
-                                "seconds": round(time.monotonic() - t0, 1)}
+            why = f"--check --diff: {why}; first failure {task!r} {fails}\n{res.stderr[-2000:]}"
+        return {"rc": res.returncode, "changed": {h: s.get("changed") for h, s in doc.get("stats", {}).items()},
+                "seconds": round(time.monotonic() - t0, 1)}, why
+
+    # None of these runs may change a host, so they run side by side (PROOF_JOBS at a time; the --check
+    # run, the longest, first) and one snapshot after all of them must equal the one before.
+    with ThreadPoolExecutor(max_workers=int(os.environ.get("PROOF_JOBS", "3"))) as pool:
+        check = pool.submit(check_diff) if args.check_diff else None
+        for row, why in pool.map(refused, runs):
+            rows.append(row)
+            if why is not None:
+                problems.append(why)
+        report_check = check.result() if check else None
+    changes = diff(before, snapshot(args.hosts, specs))
+    if changes:
+        problems.append("hosts changed after the refused runs" + (" and --check" if check else "") + ":\n  "
+                        + "\n  ".join(changes))
+    report = {"cases": rows, "unchanged_after_refusals": not changes, "problems": problems}
+    if report_check:
+        report["check_diff"], why = report_check
+        if why is not None:
+            problems.append(why)
 
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"{'bad input':22} {'refused':8} {'s':>6}  failing task")

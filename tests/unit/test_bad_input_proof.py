@@ -219,3 +219,38 @@ def test_check_diff_needs_every_host_unchanged():
                                                          ["a", "b"])
     assert proof.check_diff_problem(2, ok, ["a", "b"]).startswith("rc=2")
     assert proof.check_diff_problem(0, {"stats": {}}, ["a"])  # an empty run is not a clean run
+
+
+def test_parallel_runs_still_fail_on_a_change_a_bad_run_or_a_dirty_check(monkeypatch, tmp_path, capsys):
+    """The refused runs and the --check run go side by side; one snapshot after all of them must equal the one
+    before, every case must be refused and --check must be clean, or the proof fails."""
+    s, snap = _good_prefill_snapshot()
+    monkeypatch.setattr(proof, "inventory", lambda paths: ({"prefill1": PREFILL_VARS}, GROUPS))
+    snaps = iter([snap, dict(snap, **{"file:/etc/vllm/prefill0.env": "changed"})])
+    monkeypatch.setattr(proof, "snapshot_host", lambda host, spec: next(snaps))
+    refused = {"plays": [{"tasks": [{"task": {"name": "Preflight | x"}, "hosts": {"prefill1": {
+        "failed": True, "msg": "x on prefill1. Fix: y"}}}]}], "stats": {"prefill1": {"failures": 1}}}
+    clean = {"plays": [], "stats": {"prefill1": {"changed": 0}}}
+
+    def playbook(inventory, *extra, check=False):
+        return subprocess.CompletedProcess([], 0 if check else 2, json.dumps(clean if check else refused), "")
+    monkeypatch.setattr(proof, "playbook", playbook)
+    monkeypatch.setattr(proof, "CASES", [("a", {}, ("x",)), ("b", {}, ("x",))])
+    monkeypatch.setattr(proof, "EVEN_ETCD_NEEDLES", ("x",))
+    monkeypatch.setattr(proof.LAB, "hosts", lambda group=None: ["prefill1"])
+    args = proof.argparse.Namespace(inventory="inv", hosts=["prefill1"], out=str(tmp_path / "r.json"),
+                                    check_diff=True)
+    assert proof.prove(args) == 1
+    err = capsys.readouterr().err
+    assert "hosts changed after the refused runs and --check" in err and "prefill0.env" in err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [r["case"] for r in report["cases"]] == ["a", "b", "even_etcd_count"]
+    assert all(r["refused"] for r in report["cases"]) and report["check_diff"]["rc"] == 0
+    # Unchanged hosts: passes. A --check run that changes something: fails.
+    snaps = iter([snap, snap])
+    monkeypatch.setattr(proof, "snapshot_host", lambda host, spec: next(snaps))
+    assert proof.prove(args) == 0
+    snaps = iter([snap, snap])
+    clean["stats"]["prefill1"]["changed"] = 1
+    assert proof.prove(args) == 1
+    assert "--check --diff: rc=0" in capsys.readouterr().err
