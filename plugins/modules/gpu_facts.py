@@ -81,13 +81,14 @@ import os
 import re
 import xml.etree.ElementTree as ET
 
+from ansible.module_utils.sysfs import index_in_pci_order, is_gpu_class, nvidia_pci_functions, parse_int, \
+    pci_numa_node, read_text
+
 try:
     from ansible.module_utils.basic import AnsibleModule
 except ImportError:  # pure functions stay importable without ansible
     AnsibleModule = None
 
-NVIDIA_VENDOR = "0x10de"
-GPU_CLASS_PREFIXES = ("0x0300", "0x0302")
 NVSWITCH_CLASS_PREFIX = "0x0680"
 DRIVER_RE = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9]+\.[0-9]+(?:\.[0-9]+)?)")
 FM_VERSION_RE = re.compile(r"version is\s*:\s*([0-9]+\.[0-9]+(?:\.[0-9]+)?)", re.I)
@@ -96,28 +97,6 @@ FM_VERSION_RE = re.compile(r"version is\s*:\s*([0-9]+\.[0-9]+(?:\.[0-9]+)?)", re
 DMABUF_MIN_KERNEL = (5, 12)
 DMABUF_MIN_DRIVER = 515
 FM_SERVICE = "nvidia-fabricmanager"
-
-
-def read_text(path):
-    try:
-        with open(path, "r", encoding="utf-8", errors="replace") as handle:
-            return handle.read().strip()
-    except (OSError, ValueError):
-        return None
-
-
-def list_dir(path):
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
-
-
-def parse_int(raw, default=None):
-    try:
-        return int(raw, 0)
-    except (TypeError, ValueError):
-        return default
 
 
 def version_tuple(text):
@@ -139,24 +118,16 @@ def parse_driver_version(proc_text, sys_text=None):
 
 def collect_pci(root):
     gpus, switches = [], []
-    pci_dir = os.path.join(root, "bus", "pci", "devices")
-    for addr in list_dir(pci_dir):
-        dev_dir = os.path.join(pci_dir, addr)
-        if (read_text(os.path.join(dev_dir, "vendor")) or "").lower() != NVIDIA_VENDOR:
-            continue
-        pci_class = (read_text(os.path.join(dev_dir, "class")) or "").lower()
+    for pci, dev_dir, pci_class in nvidia_pci_functions(root):
         if pci_class.startswith(NVSWITCH_CLASS_PREFIX):
-            switches.append(addr.lower())
-        elif pci_class.startswith(GPU_CLASS_PREFIXES):
+            switches.append(pci)
+        elif is_gpu_class(pci_class):
             gpus.append({
-                "pci": addr.lower(),
-                "numa_node": parse_int(read_text(os.path.join(dev_dir, "numa_node")), -1),
+                "pci": pci,
+                "numa_node": pci_numa_node(dev_dir),
                 "device_id": read_text(os.path.join(dev_dir, "device")),
             })
-    gpus.sort(key=lambda g: g["pci"])
-    for index, gpu in enumerate(gpus):
-        gpu["index"] = index
-    return gpus, sorted(switches)
+    return index_in_pci_order(gpus), sorted(switches)
 
 
 def peermem_loadable(modules_root, release):

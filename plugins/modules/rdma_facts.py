@@ -77,6 +77,9 @@ import ipaddress
 import os
 import re
 
+from ansible.module_utils.sysfs import index_in_pci_order, is_gpu_class, list_dir, nvidia_pci_functions, \
+    parse_int, pci_numa_node, read_text
+
 try:
     from ansible.module_utils.basic import AnsibleModule
 except ImportError:  # pure functions stay importable without ansible
@@ -84,29 +87,11 @@ except ImportError:  # pure functions stay importable without ansible
 
 PCI_ADDR_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
-NVIDIA_VENDOR = "0x10de"
-GPU_CLASS_PREFIXES = ("0x0300", "0x0302")
 WATCHED_MODULES = (
     "ib_core", "ib_uverbs", "rdma_ucm", "rdma_cm", "mlx5_core", "mlx5_ib", "rdma_rxe",
     "nvidia", "nvidia_peermem", "nv_peer_mem",
 )
 AFFINITY_LEVELS = ("pix", "numa", "sys")
-
-
-def read_text(path):
-    """Return the stripped content of a sysfs file, or None if missing/unreadable."""
-    try:
-        with open(path, "r", encoding="utf-8", errors="replace") as handle:
-            return handle.read().strip()
-    except (OSError, ValueError):
-        return None
-
-
-def list_dir(path):
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
 
 
 def natural_key(text):
@@ -126,15 +111,6 @@ def parse_rate(raw):
         return None
     match = RATE_RE.match(raw)
     return float(match.group(1)) if match else None
-
-
-def parse_int(raw, default=None):
-    if raw is None:
-        return default
-    try:
-        return int(raw, 0)
-    except ValueError:
-        return default
 
 
 def is_zero_gid(gid):
@@ -273,7 +249,7 @@ def collect_devices(root):
             real = os.path.realpath(dev_link)
             pci = pci_from_path(real)
             chain = pci_chain(root, real)
-            numa = parse_int(read_text(os.path.join(dev_link, "numa_node")), -1) if pci else None
+            numa = pci_numa_node(dev_link) if pci else None
         parent = read_text(os.path.join(dev_dir, "parent"))
         ports = [
             collect_port(dev_dir, port, parent)
@@ -295,25 +271,13 @@ def collect_devices(root):
 
 
 def collect_gpus(root):
-    pci_dir = os.path.join(root, "bus", "pci", "devices")
-    found = []
-    for addr in list_dir(pci_dir):
-        dev_dir = os.path.join(pci_dir, addr)
-        vendor = (read_text(os.path.join(dev_dir, "vendor")) or "").lower()
-        pci_class = (read_text(os.path.join(dev_dir, "class")) or "").lower()
-        if vendor != NVIDIA_VENDOR or not pci_class.startswith(GPU_CLASS_PREFIXES):
-            continue
-        found.append({
-            "pci": addr.lower(),
-            "numa_node": parse_int(read_text(os.path.join(dev_dir, "numa_node")), -1),
-            "class": pci_class,
-            "device_id": read_text(os.path.join(dev_dir, "device")),
-            "_chain": pci_chain(root, os.path.realpath(dev_dir)),
-        })
-    found.sort(key=lambda g: g["pci"])
-    for index, gpu in enumerate(found):
-        gpu["index"] = index
-    return found
+    return index_in_pci_order([{
+        "pci": pci,
+        "numa_node": pci_numa_node(dev_dir),
+        "class": pci_class,
+        "device_id": read_text(os.path.join(dev_dir, "device")),
+        "_chain": pci_chain(root, os.path.realpath(dev_dir)),
+    } for pci, dev_dir, pci_class in nvidia_pci_functions(root) if is_gpu_class(pci_class)])
 
 
 def collect_modules(root):

@@ -356,18 +356,25 @@ class _FakeEngine:
         return self._copy(dsts, srcs, lens)  # read: from the peer's (dst) addresses into ours
 
 
-def _measure(pair, engine, read=False, min_ratio=0.0, size=1 << 20):
+def _measure(pair, engine, read=False, min_ratio=0.0, size=1 << 20, gpu=False):
+    """One probe against serve_session over the socket pair. Host memory over tcp on device d0; gpu=True: both
+    ends in fake GPU memory over rdma (probe cuda:2, target cuda:1), so the target's device buffer is what the
+    engine's transfers address. A host target's hello names no memory: the probe takes it as host."""
     a, b = pair
-    target = mc.Buffer(size)
-    hello = {"rpc_port": 15001, "buffer_addr": target.addr, "size": size, "protocol": "tcp"}
+    protocol = "rdma" if gpu else "tcp"
+    target = mc.GpuBuffer(size, _FakeGpu(1)) if gpu else mc.Buffer(size)
+    hello = {"rpc_port": 15001, "buffer_addr": target.addr, "size": size, "protocol": protocol}
+    if gpu:
+        hello["memory"] = target.kind
     t = threading.Thread(target=mc.serve_session, args=(mc.Channel(b), target, hello), daemon=True)
     t.start()
     ch = mc.Channel(a)
     args = mc.build_parser().parse_args(["probe", "--target", "127.0.0.1", "--host-ip", "127.0.0.1", "--protocol",
-                                         "tcp", "--size", str(size), "--chunk", str(size // 4), "--duration", "0",
-                                         "--iterations", "3", "--min-ratio", str(min_ratio), "--device", "d0"]
+                                         protocol, "--size", str(size), "--chunk", str(size // 4), "--duration", "0",
+                                         "--iterations", "3", "--min-ratio", str(min_ratio)]
+                                        + (["--memory", "cuda", "--gpu", "2"] if gpu else ["--device", "d0"])
                                         + (["--read"] if read else []))
-    res = mc.measure(args, engine, ch, ch.recv(), {"d0"})
+    res = mc.measure(args, engine, ch, ch.recv(), {"mlx5_0"} if gpu else {"d0"}, gpu_device=_FakeGpu)
     ch.send({"op": "bye"})
     ch.recv()
     t.join(10)
@@ -474,28 +481,9 @@ def test_gpu_buffer_fill_and_verify_go_through_the_device(pair):
     t.join(10)
 
 
-def _measure_gpu(pair, engine, read=False, size=1 << 20):
-    """Both ends in fake GPU memory: the target's device buffer is what the engine's transfers address."""
-    a, b = pair
-    target = mc.GpuBuffer(size, _FakeGpu(1))
-    hello = {"rpc_port": 15001, "buffer_addr": target.addr, "size": size, "protocol": "rdma", "memory": target.kind}
-    t = threading.Thread(target=mc.serve_session, args=(mc.Channel(b), target, hello), daemon=True)
-    t.start()
-    ch = mc.Channel(a)
-    args = mc.build_parser().parse_args(["probe", "--target", "127.0.0.1", "--host-ip", "127.0.0.1", "--protocol",
-                                         "rdma", "--size", str(size), "--chunk", str(size // 4), "--duration", "0",
-                                         "--iterations", "3", "--memory", "cuda", "--gpu", "2"]
-                                        + (["--read"] if read else []))
-    res = mc.measure(args, engine, ch, ch.recv(), {"mlx5_0"}, gpu_device=_FakeGpu)
-    ch.send({"op": "bye"})
-    ch.recv()
-    t.join(10)
-    return res
-
-
 @pytest.mark.parametrize("read", [False, True])
 def test_measure_gpu_to_gpu(pair, read):
-    res = _measure_gpu(pair, _FakeEngine(), read=read)
+    res = _measure(pair, _FakeEngine(), read=read, gpu=True)
     assert res["sha256_match"] is True and res["rounds"] == 3
     assert (res["source_memory"], res["target_memory"]) == ("cuda:2", "cuda:1")
 
@@ -503,7 +491,7 @@ def test_measure_gpu_to_gpu(pair, read):
 @pytest.mark.parametrize("read", [False, True])
 def test_measure_gpu_catches_a_slice_missing_from_the_last_round(pair, read):
     # The per-round stamp (write) or zeroing (read) must reach device memory, or this would pass.
-    res = _measure_gpu(pair, _FakeEngine(skip=(3, 2)), read=read)
+    res = _measure(pair, _FakeEngine(skip=(3, 2)), read=read, gpu=True)
     assert res["sha256_match"] is False and mc.verdict(res) == 1
 
 

@@ -240,6 +240,7 @@ def test_role_select_sets_instance_selection(tmp_path):
         "        mode: '0644'\n")
     env = dict(os.environ, ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"),
                ANSIBLE_LIBRARY=os.path.join(REPO, "plugins", "modules"),
+               ANSIBLE_MODULE_UTILS=os.path.join(REPO, "plugins", "module_utils"),
                ANSIBLE_FILTER_PLUGINS=os.path.join(REPO, "plugins", "filter"),
                ANSIBLE_CACHE_PLUGIN="memory", ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([_ansible_playbook(), "-i", str(tmp_path / "inv.json"), str(tmp_path / "play.yml"),

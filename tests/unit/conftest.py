@@ -1,0 +1,25 @@
+"""The repo's module_utils under the name Ansible gives them (ansible.cfg: module_utils = ./plugins/module_utils).
+
+Ansible ships plugins/module_utils/<name>.py inside each module's payload as ansible.module_utils.<name>; the
+unit tests load plugins/modules/*.py straight from their files, so the same names are registered here, before
+any test module is collected, for `from ansible.module_utils.sysfs import ...` to find."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+MODULE_UTILS = Path(__file__).resolve().parents[2] / 'plugins' / 'module_utils'
+
+
+def _register_module_utils():
+    for path in sorted(MODULE_UTILS.glob('*.py')):
+        name = 'ansible.module_utils.%s' % path.stem
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+
+
+_register_module_utils()
