@@ -13,6 +13,7 @@ tests/infra/test_e2e.py.
 import json
 import socket
 import ssl
+import time
 
 import pytest
 
@@ -92,3 +93,31 @@ def test_access_log_names_the_key_never_holds_it(host, request):
     assert lines, 'no access log line of the request in the entry hosts\' journals'
     assert all('key="%s"' % name in l for l in lines), lines
     assert not any(key in out for out in logs.values()), 'a client key is in an entry host\'s journal'
+
+
+def _haproxy_workers(host):
+    """PIDs of HAProxy's workers: the children of the unit's main process (the master)."""
+    master = host.check_output('systemctl show -p MainPID --value haproxy').strip()
+    out = host.run('pgrep -P %s -x haproxy' % master).stdout
+    return set(out.split())
+
+
+def test_reload_retires_the_old_workers(host):
+    """Adding or revoking a key is `systemctl reload haproxy`: new workers read the new map, and the old ones
+    must stop accepting and exit once their connections are done (here: none), or a revoked key keeps working
+    on them. The master signals them across uids (CAP_KILL in the unit's sandbox); without it they stayed."""
+    if not in_group(host, 'entry'):
+        pytest.skip('not an entry host')
+    old = _haproxy_workers(host)
+    assert old, 'no HAProxy worker runs'
+    host.run_expect([0], 'systemctl reload haproxy')
+    deadline, now = time.monotonic() + 15, set()
+    while time.monotonic() < deadline:
+        now = _haproxy_workers(host)
+        if now and not now & old:
+            break
+        time.sleep(0.5)
+    assert now and not now & old, ('after a reload the old HAProxy workers %s are still running (workers now: %s): '
+                                   'they keep serving the old key map' % (sorted(old & now), sorted(now)))
+    assert len(now) == 1, 'one worker expected after the reload, found %s' % sorted(now)
+
