@@ -101,21 +101,16 @@ rdma-test: venv
 lab-caches: venv
 	$(LAB_ENV) scripts/lab/prepare-caches.sh
 
-# The static tier runs beside the lab caches and then beside the docker lab's create and converge (about one
-# core idle there: containers start, pip unpacks, models load); molecule's verify waits for it
-# (PD_STATIC_RC_FILE, molecule/default/verify.yml), so nothing timed overlaps it. Its output is printed when it ends.
 test: venv
-	@mkdir -p lab-results; start=$$(date +%s); rc_file=$(CURDIR)/lab-results/static.rc; rm -f $$rc_file; \
+	@mkdir -p lab-results; start=$$(date +%s); \
 	$(LAB_ENV) scripts/lab/prepare-caches.sh > lab-results/lab-caches.log 2>&1 & prep=$$!; \
-	( st=0; $(MAKE) --no-print-directory -j2 --output-sync=target static > lab-results/static.log 2>&1 || st=$$?; \
-	  echo "[test] static: $$(( $$(date +%s) - start )) s (rc=$$st)" >> lab-results/static.log; echo $$st > $$rc_file ) & st_pid=$$!; \
+	st=0; $(MAKE) --no-print-directory -j2 --output-sync=target static || st=$$?; \
+	echo "[test] static: $$(( $$(date +%s) - start )) s"; \
 	pr=0; wait $$prep || pr=$$?; \
-	echo "[test] lab caches: $$(( $$(date +%s) - start )) s"; \
-	if ((pr)); then tail -n 40 lab-results/lab-caches.log; echo "[test] lab caches failed (rc=$$pr)"; wait $$st_pid; cat lab-results/static.log; exit 1; fi; \
-	t=$$(date +%s); mt=0; PD_STATIC_RC_FILE=$$rc_file $(MAKE) --no-print-directory molecule-test || mt=$$?; \
-	wait $$st_pid; echo "[test] ---- static tier (ran beside the lab) ----"; cat lab-results/static.log; \
-	[[ "$$(cat $$rc_file 2>/dev/null)" == 0 ]] || { echo "[test] static failed"; exit 1; }; \
-	((mt == 0)) || exit $$mt; \
+	echo "[test] static and lab caches (overlapped): $$(( $$(date +%s) - start )) s"; \
+	if ((pr)); then tail -n 40 lab-results/lab-caches.log; echo "[test] lab caches failed (rc=$$pr)"; exit 1; fi; \
+	((st == 0)) || exit $$st; \
+	t=$$(date +%s); $(MAKE) --no-print-directory molecule-test || exit $$?; \
 	echo "[test] molecule-test: $$(( $$(date +%s) - t )) s"; \
 	t=$$(date +%s); $(MAKE) --no-print-directory rdma-test || exit $$?; \
 	echo "[test] rdma-test: $$(( $$(date +%s) - t )) s; all: $$(( $$(date +%s) - start )) s"
