@@ -3,6 +3,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,10 +73,31 @@ def command_line(argv):
     return ' '.join(shlex.quote(a) for a in argv)
 
 
+def readme_render_line():
+    """README's render-mode command line (the one indented `ansible-playbook ... playbooks/render.yml` line)."""
+    readme = (REPO / 'README.md').read_text()
+    lines = re.findall(r'^ {4}(ansible-playbook [^\n]*playbooks/render\.yml[^\n]*)$', readme, re.M)
+    assert len(lines) == 1, 'README.md should print one render-mode line, found %r' % lines
+    return lines[0].strip()
+
+
+def run_as_printed(argv, timeout=900):
+    """An ansible-playbook line run as a reader runs it: only what the line says (no vault password from the
+    environment), the repo's ansible.cfg."""
+    argv = [ansible_bin('ansible-playbook')] + list(argv[1:])
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1')
+    env.pop('ANSIBLE_VAULT_PASSWORD_FILE', None)
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture(scope='session')
-def prod_render(tmp_path_factory):
-    out = tmp_path_factory.mktemp('render-prod')
-    res = render(REPO / 'inventory' / 'prod', out)
+def prod_render():
+    """inventory/prod rendered by README's render-mode line, run as printed (into the directory it names,
+    emptied first): one full render serves the render tests and tests/render/test_readme_commands.py."""
+    argv = shlex.split(readme_render_line())
+    out = Path(next(a.split('=', 1)[1] for a in argv if a.startswith('render_dir=')))
+    shutil.rmtree(out, ignore_errors=True)
+    res = run_as_printed(argv)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     return out
 

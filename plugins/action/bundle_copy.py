@@ -12,4 +12,10 @@ _spec.loader.exec_module(_template)
 class ActionModule(CopyAction):
     def run(self, tmp=None, task_vars=None):
         self._task.args = _template.render_args(self._task.args, task_vars or {})
+        args = self._task.args
+        if (task_vars or {}).get('render_dir') and 'content' in args and 'src' not in args:
+            # Render mode: written on the controller, no copy module run (bundle_template.write_rendered).
+            content = args['content']
+            data = content if isinstance(content, bytes) else str(content).encode('utf-8')
+            return _template.write_rendered(args['dest'], data, args.get('mode'))
         return super().run(tmp, task_vars)

@@ -37,3 +37,22 @@ def test_systemd_ignoring_lines_are_refusals(tmp_path):
     assert len(lines) == 2 and all('ignoring' in line for line in lines) and str(tmp_path) not in ' '.join(lines)
     unit.write_text('[Service]\nExecStart=/bin/true\nRestartSec=10s\nStateDirectory=x\n')
     assert bt.systemd_ignoring(str(unit), 'x.service') == []
+
+
+def test_render_mode_writes_the_file_itself(tmp_path):
+    """Render mode's copy runs no module: write_rendered gives the copy module's result (mode as asked, a new file
+    0666 less the umask, changed only when the bytes differ)."""
+    import os
+    dest = tmp_path / 'p0.env'
+    got = bt.write_rendered(str(dest), b'A=1\n', '0640')
+    assert dest.read_bytes() == b'A=1\n' and (dest.stat().st_mode & 0o777) == 0o640
+    assert got['changed'] and got['mode'] == '0640'
+    assert not bt.write_rendered(str(dest), b'A=1\n', '0640')['changed']
+    assert bt.write_rendered(str(dest), b'A=2\n', 0o600)['changed'] and (dest.stat().st_mode & 0o777) == 0o600
+    umask = os.umask(0o022)
+    try:
+        bt.write_rendered(str(tmp_path / 'new'), b'', None)
+    finally:
+        os.umask(umask)
+    assert ((tmp_path / 'new').stat().st_mode & 0o777) == 0o644
+    assert not list(tmp_path.glob('*.pd-render-tmp'))

@@ -1,0 +1,93 @@
+# Speed only: no task, result or file changes. Two costs of ansible-core 2.19 that every run of the bundle
+# paid again and again, each paid once per run here. Both hooks run in the controller when a playbook starts,
+# before Ansible forks its workers, which inherit them.
+#
+# 1. Filter plugins loaded once. The first time a template names a filter that is not Jinja's own, Ansible
+#    reads every filter and test plugin file (Jinja2Loader._ensure_non_collection_wrappers) and caches them
+#    per process. The controller never did that before forking, so every worker (one per host and task)
+#    loaded the bundle's and Ansible's filter files again: a quarter of render mode's CPU time.
+# 2. Module code compiled once. A module runs on the host from a zip of its Python sources (AnsiballZ), and
+#    Python compiles every source in a zip at each import: about half a CPU second per task on a host, mostly
+#    ansible.module_utils.basic. The zip gets each source's bytecode beside it (a hash-checked .pyc, which
+#    Python's zipimport validates against the source and prefers). A host whose Python is another version
+#    rejects the .pyc (its magic number) and compiles the source, as before.
+import importlib.util
+import marshal
+
+from ansible.executor import module_common
+from ansible.plugins.callback import CallbackBase
+from ansible.plugins.loader import filter_loader, test_loader
+
+DOCUMENTATION = """
+name: pd_bundle_speedups
+type: aggregate
+short_description: load filter plugins once and ship modules with their bytecode (speed only)
+description:
+  - Runs when a playbook starts, in the controller. Prints nothing.
+"""
+
+
+def pyc_of(source, filename):
+    """A hash-checked .pyc of SOURCE (bytes), as importlib writes it for --invalidation-mode checked-hash."""
+    code = compile(source, filename, 'exec', dont_inherit=True)
+    flags = 0b11  # hash-based, check the source
+    return (importlib.util.MAGIC_NUMBER + flags.to_bytes(4, 'little')
+            + importlib.util.source_hash(source) + marshal.dumps(code))
+
+
+def _with_bytecode(write):
+    """zf.writestr that also writes NAME.pyc for every NAME.py."""
+    def writestr(zinfo, data, *args, **kwargs):
+        write(zinfo, data, *args, **kwargs)
+        name = getattr(zinfo, 'filename', zinfo)
+        if not str(name).endswith('.py'):
+            return
+        source = data if isinstance(data, bytes) else str(data).encode('utf-8')
+        try:
+            pyc = pyc_of(source, str(name))
+        except (SyntaxError, ValueError):  # left to the host's Python, as without this hook
+            return
+        info = module_common._make_zinfo(str(name) + 'c', _zinfo_time(zinfo), zf=None)
+        info.compress_type = getattr(zinfo, 'compress_type', info.compress_type)
+        write(info, pyc, *args, **kwargs)
+    return writestr
+
+
+def _zinfo_time(zinfo):
+    import datetime
+    return datetime.datetime(*zinfo.date_time)
+
+
+def _patch(fn):
+    def wrapper(name_or_zf, *args, **kwargs):
+        # recursive_finder(name, fqn, data, zf, date_time, ...) and _add_module_to_zip(zf, date_time, ...)
+        zf = name_or_zf if hasattr(name_or_zf, 'writestr') else args[2]
+        original = zf.writestr
+        zf.writestr = _with_bytecode(original)
+        try:
+            return fn(name_or_zf, *args, **kwargs)
+        finally:
+            zf.writestr = original
+    wrapper.pd_bundle_speedups = True
+    return wrapper
+
+
+def install_module_bytecode():
+    for attr in ('recursive_finder', '_add_module_to_zip'):
+        fn = getattr(module_common, attr, None)
+        if fn is not None and not getattr(fn, 'pd_bundle_speedups', False):
+            setattr(module_common, attr, _patch(fn))
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = 'aggregate'
+    CALLBACK_NAME = 'pd_bundle_speedups'
+    # On for every run that reads the repo's callback_plugins path (ansible.cfg, the molecule envs).
+    CALLBACK_NEEDS_ENABLED = False
+
+    def v2_playbook_on_start(self, playbook):
+        for loader in (filter_loader, test_loader):
+            for _ in loader.all():  # fills the loader's cache of non-collection plugins
+                pass
+        install_module_bytecode()

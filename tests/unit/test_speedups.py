@@ -1,0 +1,68 @@
+"""plugins/callback/pd_bundle_speedups.py: modules ship with their bytecode, which Python uses when it can, and
+ignores (compiling the source, as without the hook) when it cannot."""
+import importlib.util
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location('pd_bundle_speedups', REPO / 'plugins' / 'callback' / 'pd_bundle_speedups.py')
+sp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sp)
+
+
+def _zip_with(tmp_path, name, source, pyc=None):
+    path = tmp_path / ('%s.zip' % name)
+    with zipfile.ZipFile(path, 'w') as zf:
+        if pyc is None:
+            zf.writestr = sp._with_bytecode(zf.writestr)
+            zf.writestr(zipfile.ZipInfo('%s.py' % name, (2020, 1, 1, 0, 0, 0)), source)
+        else:
+            zf.writestr(zipfile.ZipInfo('%s.py' % name, (2020, 1, 1, 0, 0, 0)), source)
+            zf.writestr(zipfile.ZipInfo('%s.pyc' % name, (2020, 1, 1, 0, 0, 0)), pyc)
+    return path
+
+
+def _import_from(path, name):
+    sys.path.insert(0, str(path))
+    try:
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(path))
+        sys.modules.pop(name, None)
+        importlib.invalidate_caches()
+
+
+def test_every_source_gets_its_bytecode(tmp_path):
+    path = _zip_with(tmp_path, 'pdmod_a', b'VALUE = 1\n')
+    assert sorted(zipfile.ZipFile(path).namelist()) == ['pdmod_a.py', 'pdmod_a.pyc']
+    assert _import_from(path, 'pdmod_a').VALUE == 1
+
+
+def test_python_loads_the_bytecode(tmp_path):
+    """A .pyc carrying the source's hash but other code: what Python runs is the .pyc's."""
+    source = b'VALUE = 1\n'
+    forged = sp.pyc_of(b'VALUE = 2\n', 'pdmod_b.py')
+    forged = forged[:8] + importlib.util.source_hash(source) + forged[16:]
+    assert _import_from(_zip_with(tmp_path, 'pdmod_b', source, forged), 'pdmod_b').VALUE == 2
+
+
+@pytest.mark.parametrize('case', ['other python', 'stale'])
+def test_unusable_bytecode_falls_back_to_the_source(tmp_path, case):
+    source = b'VALUE = 1\n'
+    pyc = sp.pyc_of(b'VALUE = 2\n', 'pdmod_c.py')
+    if case == 'other python':  # another magic number, hash matching the source
+        pyc = b'\x00\x00\r\n' + pyc[4:8] + importlib.util.source_hash(source) + pyc[16:]
+    # stale: the hash of another source (VALUE = 2): Python checks it and compiles the source
+    assert _import_from(_zip_with(tmp_path, 'pdmod_c', source, pyc), 'pdmod_c').VALUE == 1
+
+
+def test_the_hooks_find_ansible_s_module_builder():
+    """The names the hook wraps exist in this ansible-core (else it would silently do nothing)."""
+    from ansible.executor import module_common
+    assert callable(module_common.recursive_finder) and callable(module_common._add_module_to_zip)
+    sp.install_module_bytecode()
+    assert getattr(module_common.recursive_finder, 'pd_bundle_speedups', False)
