@@ -110,11 +110,12 @@ def systemd_ignoring(path, name):
 class ActionModule(TemplateAction):
     def run(self, tmp=None, task_vars=None):
         validate = self._task.args.get('validate')
+        rendering = bool((task_vars or {}).get('render_dir'))
         self._task.args = render_args(self._task.args, task_vars or {})
-        if (task_vars or {}).get('render_dir'):
+        if rendering:
             self._shared_loader_obj = _RenderLoaders(self._shared_loader_obj)
         result = super().run(tmp, task_vars)
-        if (task_vars or {}).get('render_dir') and SYSTEMD_VERIFY in str(validate or '') and not result.get('failed'):
+        if rendering and SYSTEMD_VERIFY in str(validate or '') and not result.get('failed'):
             dest = self._task.args['dest']
             lines = systemd_ignoring(dest, unit_name(validate, dest))
             if lines is None:

@@ -11,8 +11,10 @@
 #    ansible.module_utils.basic. The zip gets each source's bytecode beside it (a hash-checked .pyc, which
 #    Python's zipimport validates against the source and prefers). A host whose Python is another version
 #    rejects the .pyc (its magic number) and compiles the source, as before.
+import datetime
 import importlib.util
 import marshal
+import zipfile
 
 from ansible.executor import module_common
 from ansible.plugins.callback import CallbackBase
@@ -47,27 +49,24 @@ def _with_bytecode(write):
             pyc = pyc_of(source, str(name))
         except (SyntaxError, ValueError):  # left to the host's Python, as without this hook
             return
-        info = module_common._make_zinfo(str(name) + 'c', _zinfo_time(zinfo), zf=None)
+        info = module_common._make_zinfo(str(name) + 'c', datetime.datetime(*zinfo.date_time), zf=None)
         info.compress_type = getattr(zinfo, 'compress_type', info.compress_type)
         write(info, pyc, *args, **kwargs)
     return writestr
 
 
-def _zinfo_time(zinfo):
-    import datetime
-    return datetime.datetime(*zinfo.date_time)
-
-
 def _patch(fn):
-    def wrapper(name_or_zf, *args, **kwargs):
-        # recursive_finder(name, fqn, data, zf, date_time, ...) and _add_module_to_zip(zf, date_time, ...)
-        zf = name_or_zf if hasattr(name_or_zf, 'writestr') else args[2]
-        original = zf.writestr
-        zf.writestr = _with_bytecode(original)
+    """fn(..., zf, ...) with zf.writestr adding bytecode while fn runs (recursive_finder and _add_module_to_zip
+    take the payload's ZipFile); a call without one runs fn as it is."""
+    def wrapper(*args, **kwargs):
+        zf = next((a for a in (*args, *kwargs.values()) if isinstance(a, zipfile.ZipFile)), None)
+        if zf is None:
+            return fn(*args, **kwargs)
+        zf.writestr = _with_bytecode(zf.writestr)
         try:
-            return fn(name_or_zf, *args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
-            zf.writestr = original
+            del zf.writestr  # the class's method again (a bound copy left on the instance would be a cycle)
     wrapper.pd_bundle_speedups = True
     return wrapper
 

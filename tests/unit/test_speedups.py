@@ -60,9 +60,32 @@ def test_unusable_bytecode_falls_back_to_the_source(tmp_path, case):
     assert _import_from(_zip_with(tmp_path, 'pdmod_c', source, pyc), 'pdmod_c').VALUE == 1
 
 
-def test_the_hooks_find_ansible_s_module_builder():
-    """The names the hook wraps exist in this ansible-core (else it would silently do nothing)."""
+def _payload_names(module):
+    """The file names in the AnsiballZ zip ansible-core builds for an ansible.builtin module."""
+    import base64
+    import io
+    import re
+    from ansible.executor import module_common
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.template import Templar
+    init_plugin_loader()
+    path = importlib.import_module('ansible.modules.%s' % module).__file__
+    built = module_common.modify_module(module_name=module, module_path=path, module_args={},
+                                        templar=Templar(loader=DataLoader()),
+                                        task_vars={'ansible_python_interpreter': '/usr/bin/python3'})
+    zip_b64 = max(re.findall(rb'[A-Za-z0-9+/=]{2000,}', built.b_module_data), key=len)
+    return zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_b64))).namelist()
+
+
+def test_ansible_s_module_payload_carries_the_bytecode():
+    """Through ansible-core's own builder: with the hook, every source of a module's payload has its .pyc (an
+    ansible-core that renamed or reshaped what the hook wraps fails here instead of silently losing the speed)."""
     from ansible.executor import module_common
     assert callable(module_common.recursive_finder) and callable(module_common._add_module_to_zip)
     sp.install_module_bytecode()
     assert getattr(module_common.recursive_finder, 'pd_bundle_speedups', False)
+    names = _payload_names('ping')
+    sources = {n for n in names if n.endswith('.py')}
+    assert 'ansible/module_utils/basic.py' in sources and 'ansible/modules/ping.py' in sources
+    assert {n for n in names if n.endswith('.pyc')} == {n + 'c' for n in sources}
