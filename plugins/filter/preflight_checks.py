@@ -1077,6 +1077,33 @@ def values_settings(cfg, host, groups, specs):
     return out
 
 
+def _batch_ok(value):
+    """A play's serial: a host count >= 1, a percentage 1-100%, or a list of those."""
+    if _is_list(value):
+        return len(value) > 0 and all(_batch_ok(v) for v in value)
+    if isinstance(value, bool):
+        return False
+    text = str(value).strip()
+    if text.endswith('%'):
+        return text[:-1].isdigit() and 1 <= int(text[:-1]) <= 100
+    return _pf.is_intlike(text) and int(text) >= 1
+
+
+@check('values', scope='fleet')
+def values_restart_batch(hostvars, groups, specs, host):
+    """-e vllm_restart_batch is playbooks/vllm.yml's serial: Ansible itself stops on a bad one only when that play
+    starts, after other plays changed hosts, with a traceback that names no variable."""
+    try:
+        value = hostvars[host].get('vllm_restart_batch')
+    except (KeyError, AttributeError):
+        return []
+    if value is None or _batch_ok(value):
+        return []
+    return ['vllm_restart_batch=%s (checked on %s) is no host count or percentage: it is the rolling restart play\'s '
+            'serial. Fix: leave it unset (one host at a time), or -e vllm_restart_batch=N (hosts, >= 1) or P%% (1-100).'
+            % (_j(value), host)]
+
+
 @check('values')
 def values_etcd_timing(cfg, host, groups, specs):
     """etcd's election timeout at least ETCD_ELECTION_PER_HEARTBEAT heartbeats (etcd refuses to start)."""

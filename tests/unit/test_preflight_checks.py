@@ -221,6 +221,8 @@ FAILING = {
                         ["vllm_mooncake_connector_timeout=0 on gpu-d1 must be at least 1"]),
     "values_etcd_timing": ("ctl-1", with_vars("ctl-1", etcd_heartbeat_interval=500), None,
                            ["etcd_election_timeout=1000 on ctl-1 is below 5 x etcd_heartbeat_interval=500"]),
+    "values_restart_batch": ("ctl-1", with_vars("ctl-1", vllm_restart_batch="0%"), None,
+                             ['vllm_restart_batch="0%" (checked on ctl-1)', "P% (1-100)"]),
     "values_systemd": ("ctl-1", with_vars("ctl-1", mooncake_master_restart_sec=-1), None,
                        ["mooncake_master_restart_sec=-1 on ctl-1", "RestartSec=-1s"]),
     "values_gid_index": ("gpu-d1", with_instance("gpu-d1", 0, gid_index=256), None,
