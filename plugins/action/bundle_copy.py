@@ -9,7 +9,7 @@ _template = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_template)
 
 
-class ActionModule(CopyAction):
+class _BundleCopy(CopyAction):
     def run(self, tmp=None, task_vars=None):
         self._task.args = _template.render_args(self._task.args, task_vars or {})
         args = self._task.args
@@ -19,3 +19,7 @@ class ActionModule(CopyAction):
             data = content if isinstance(content, bytes) else str(content).encode('utf-8')
             return _template.write_rendered(args['dest'], data, args.get('mode'))
         return super().run(tmp, task_vars)
+
+
+# A real run skips the file module after an unchanged checksum when it would change nothing (bundle_template.py).
+ActionModule = _template.skipping_noop_file(_BundleCopy)

@@ -11,14 +11,23 @@
 #    ansible.module_utils.basic. The zip gets each source's bytecode beside it (a hash-checked .pyc, which
 #    Python's zipimport validates against the source and prefers). A host whose Python is another version
 #    rejects the .pyc (its magic number) and compiles the source, as before.
+# 3. A filter file's once-per-process setup (pd_bundle_warm: the roles' defaults parsed) done in the controller.
+# 4. No remote temporary directory for a uri call that sends no file. ansible.builtin.uri's action made one
+#    before every call (three commands on the host: its home, mkdir, rm -r), which only a src or a multipart
+#    body transferred from the controller uses; with pipelining, the module itself needs none. The bundle's
+#    health waits are uri calls on every re-run (its templates and copies do the same in
+#    plugins/action/bundle_template.py).
 import datetime
 import importlib.util
 import marshal
+import sys
 import zipfile
 
 from ansible.executor import module_common
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import uri as uri_action
 from ansible.plugins.callback import CallbackBase
-from ansible.plugins.loader import filter_loader, test_loader
+from ansible.plugins.loader import action_loader, filter_loader, test_loader
 
 DOCUMENTATION = """
 name: pd_bundle_speedups
@@ -78,6 +87,46 @@ def install_module_bytecode():
             setattr(module_common, attr, _patch(fn))
 
 
+def uri_needs_tmp(args):
+    """Whether a uri task with ARGS sends a file from the controller (the only use of its early temporary
+    directory: uri's action transfers src, or a multipart body's files, into it)."""
+    return ((bool(args.get('src')) and not boolean(args.get('remote_src', False), strict=False))
+            or args.get('body_format') == 'form-multipart')
+
+
+def _early_needs_tmp_path(self):
+    return uri_needs_tmp(self._task.args)
+
+
+_early_needs_tmp_path.pd_bundle_speedups = True
+
+
+def install_uri_lazy_tmp():
+    """On uri's action class as the tasks load it (ansible.builtin.uri loads as a module of its own, not
+    ansible.plugins.action.uri; the loader keeps it, and the workers inherit it), and on the plain import."""
+    classes = {uri_action.ActionModule}
+    for name in ('ansible.builtin.uri', 'ansible.legacy.uri'):
+        cls = action_loader.get(name, class_only=True)
+        if cls is not None and cls.__name__ == 'ActionModule':
+            classes.add(cls)
+    for cls in classes:
+        cls._early_needs_tmp_path = _early_needs_tmp_path
+    return classes
+
+
+_WARMED = set()
+
+
+def warm_module_of(plugin):
+    """3. A filter file's own once-per-process work (its pd_bundle_warm(): bundle.py parses the roles' defaults)
+    done here, once, instead of in each worker."""
+    module = sys.modules.get(getattr(getattr(plugin, 'j2_function', None), '__module__', None) or '')
+    warm = getattr(module, 'pd_bundle_warm', None)
+    if callable(warm) and id(module) not in _WARMED:
+        _WARMED.add(id(module))
+        warm()
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = 'aggregate'
@@ -87,6 +136,7 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_start(self, playbook):
         for loader in (filter_loader, test_loader):
-            for _ in loader.all():  # fills the loader's cache of non-collection plugins
-                pass
+            for plugin in loader.all():  # fills the loader's cache of non-collection plugins
+                warm_module_of(plugin)
         install_module_bytecode()
+        install_uri_lazy_tmp()

@@ -47,6 +47,35 @@ except ImportError:  # unit tests run without ansible
     class AnsibleFilterError(Exception):
         pass
 
+# Reading another host's variables (hostvars[host]) makes Ansible compute all of that host's variables again
+# (VariableManager.get_vars, its facts copied and cleaned): a firewall ruleset, which reads every host of the
+# inventory, did that hundreds of times per task and was a fifth of a no-change re-run's controller CPU. Inside one
+# of Ansible's worker processes (forked for one task on one host, exiting after it) no host's variables change,
+# so each is read once there (_hv). The controller process, where variables change between tasks, and any process
+# that imported this file itself (unit tests, a run without the speedups callback) read them every time.
+_IMPORT_PID = os.getpid()
+_WORKER_CACHE = {}
+
+
+def _worker_cached(kind, key, make):
+    """make(), once per (kind, key) in this worker process (never in the process that imported this file)."""
+    pid = os.getpid()
+    if pid == _IMPORT_PID:
+        return make()
+    cache = _WORKER_CACHE.get(pid)
+    if cache is None:
+        _WORKER_CACHE.clear()  # a fork inherits its parent's entries: not its own
+        cache = _WORKER_CACHE[pid] = {}
+    if (kind, key) not in cache:
+        cache[(kind, key)] = make()
+    return cache[(kind, key)]
+
+
+def _hv(hostvars, host):
+    """hostvars[host], read once per worker process (see _worker_cached)."""
+    return _worker_cached('hv', (id(hostvars), str(host)), lambda: hostvars[host])
+
+
 _UNITS = {'': 1, 'b': 1, 'k': 1024, 'kb': 1024, 'kib': 1024, 'm': 1024 ** 2, 'mb': 1024 ** 2,
           'mib': 1024 ** 2, 'g': 1024 ** 3, 'gb': 1024 ** 3, 'gib': 1024 ** 3, 't': 1024 ** 4,
           'tb': 1024 ** 4, 'tib': 1024 ** 4}
@@ -99,7 +128,7 @@ def mooncake_store_cfg(cfg):
 
 
 def host_ip(host, hostvars):
-    hv = hostvars[host]
+    hv = _hv(hostvars, host)
     for key in ('common_host_ip', 'ansible_host'):
         if hv.get(key):
             return str(hv[key])
@@ -110,7 +139,7 @@ def router_api_key(router_hosts, hostvars):
     """The routers' worker key (vllm_router_api_key; preflight makes every router's the same), '' when none:
     the vLLM instances demand it, and the entry sends it on with the requests it forwards."""
     for h in router_hosts or []:
-        key = str(hostvars[h].get('vllm_router_api_key') or '')
+        key = str(_hv(hostvars, h).get('vllm_router_api_key') or '')
         if key:
             return key
     return ''
@@ -125,9 +154,38 @@ def router_bind(host, hostvars):
 def router_local_url(host, hostvars):
     """http://ADDR:PORT of the router as seen on its own host (127.0.0.1 when it binds every address):
     the router role's health wait, status and router-overhead read this one definition."""
-    bind = router_bind(host, hostvars)
-    addr = '127.0.0.1' if bind in ('0.0.0.0', '::', '*') else bind
-    return 'http://%s:%s' % ('[%s]' % addr if ':' in addr else addr, host_cfg(host, hostvars)['vllm_router_port'])
+    return _local_url(router_bind(host, hostvars), host_cfg(host, hostvars)['vllm_router_port'])
+
+
+def _local_url(addr, port):
+    addr = '127.0.0.1' if addr in ('0.0.0.0', '::', '*') else addr
+    return 'http://%s:%s' % ('[%s]' % addr if ':' in addr else addr, port)
+
+
+def master_local_url(host, hostvars):
+    """http://ADDR:PORT of a Mooncake master's metrics server (/health, /metrics) as seen on its own host:
+    mooncake_master_metrics_host (the cluster address by default). The master's health waits, its watchdog
+    unit and status read this one definition."""
+    cfg = host_cfg(host, hostvars)
+    addr = str(cfg.get('mooncake_master_metrics_host') or host_ip(host, hostvars))
+    return _local_url(addr, cfg['mooncake_master_metrics_port'])
+
+
+def router_endpoints(router_hosts, hostvars):
+    """Every router as the other roles reach it: address, port and url from another host (its bind address,
+    or its cluster address when it binds every address), local_url on its own host (router_local_url), and the
+    header its key asks for ({} without one). The entry's backends and the vLLM drain read this list."""
+    out = []
+    for h in router_hosts or []:
+        bind = router_bind(h, hostvars)
+        key = str(_hv(hostvars, h).get('vllm_router_api_key') or '')
+        addr = host_ip(h, hostvars) if bind in ('0.0.0.0', '::', '*') else bind
+        port = int(host_cfg(h, hostvars)['vllm_router_port'])
+        out.append({'host': h, 'address': addr, 'port': port,
+                    'url': 'http://%s:%s' % ('[%s]' % addr if ':' in addr else addr, port),
+                    'local_url': router_local_url(h, hostvars),
+                    'headers': {'Authorization': 'Bearer ' + key} if key else {}})
+    return out
 
 
 SIDE_CHANNEL_STRIDE = 16  # ports reserved per instance by the base formula (the largest TP per host)
@@ -192,7 +250,7 @@ def _check_with_nvidia_peermem(host, hv, cfg, protocol):
 
 def _check_end(host, inst, hostvars, protocol):
     """One end of a transfer check, as templates/vllm/instance.env.j2 configures that instance."""
-    hv = hostvars[host]
+    hv = _hv(hostvars, host)
     cfg = host_cfg(host, hostvars)
     nics, gid = [], None
     if protocol == 'rdma':  # over tcp the instance gets MC_FORCE_TCP and neither of these
@@ -220,7 +278,7 @@ def _check_end(host, inst, hostvars, protocol):
 def mooncake_check_pairs(decode_hosts, prefill_host, hostvars, protocol):
     """[{source, target}] for every instance of prefill_host x every instance of decode_hosts."""
     def instances(host):
-        return hostvars[host].get('vllm_instances') or [{'name': None}]
+        return _hv(hostvars, host).get('vllm_instances') or [{'name': None}]
     return [{'source': _check_end(prefill_host, p, hostvars, protocol), 'target': _check_end(d, i, hostvars, protocol)}
             for p in instances(prefill_host) for d in decode_hosts for i in instances(d)]
 
@@ -254,7 +312,7 @@ def vllm_endpoints(hosts, hostvars, settings_key=None, default_bootstrap_port=No
     settings) instead of hostvars[host]."""
     out = []
     for h in hosts or []:
-        hv = hostvars[h]
+        hv = _hv(hostvars, h)
         cfg = (hv.get(settings_key) or {}) if settings_key else hv
         dflt = cfg.get('vllm_default_bootstrap_port', default_bootstrap_port)
         if dflt is None:
@@ -373,7 +431,7 @@ def host_listeners(cfg, roles):
 def _host_addresses(host, hostvars):
     """A host's cluster IP and every instance's own host_ip: the addresses its connections come from."""
     out = [host_ip(host, hostvars)]
-    out += [str(i['host_ip']) for i in hostvars[host].get('vllm_instances') or [] if i.get('host_ip')]
+    out += [str(i['host_ip']) for i in _hv(hostvars, host).get('vllm_instances') or [] if i.get('host_ip')]
     return out
 
 
@@ -543,6 +601,12 @@ def role_defaults(roles_dir=None):
     return _DEFAULTS_CACHE[roles_dir]
 
 
+def pd_bundle_warm():
+    """Called once in the controller before the workers fork (plugins/callback/pd_bundle_speedups.py): the roles'
+    defaults, parsed there once, are inherited by every worker instead of read again by each."""
+    role_defaults()
+
+
 # Ansible's path filters, which a default rendered here may apply to a setting (they are os.path's).
 PATH_FILTERS = {'basename': os.path.basename, 'dirname': os.path.dirname}
 _PLACEHOLDER = re.compile(r'\{\{\s*([A-Za-z_][A-Za-z0-9_]*)((?:\s*\|\s*(?:%s))*)\s*\}\}' % '|'.join(PATH_FILTERS))
@@ -561,10 +625,14 @@ def host_cfg(host, hostvars, roles_dir=None):
     A default that is a template made only of "{{ name }}" placeholders over other settings, each plain or
     through path filters (etcd_ca_file: "{{ etcd_cert_dir }}/ca.crt", vllm_served_model_name:
     "{{ vllm_model | basename }}"), is rendered from them; other templated defaults (facts, other filters)
-    are left out.
+    are left out. Computed once per worker process (_worker_cached); each caller gets its own copy.
     """
+    return dict(_worker_cached('cfg', (id(hostvars), str(host), roles_dir), lambda: _host_cfg(host, hostvars, roles_dir)))
+
+
+def _host_cfg(host, hostvars, roles_dir):
     pre, defaults = role_defaults(roles_dir)
-    cfg = pre.effective(hostvars[host], defaults)
+    cfg = pre.effective(_hv(hostvars, host), defaults)
     pending = {k: v for k, v in defaults.items() if k not in cfg and isinstance(v, str) and '{{' in v
                and not _PLACEHOLDER.sub('', v).count('{')}
     for _ in range(3):  # chains of placeholders, a few deep
@@ -604,6 +672,8 @@ class FilterModule(object):
             'bundle_router_bind': router_bind,
             'bundle_router_api_key': router_api_key,
             'bundle_router_local_url': router_local_url,
+            'bundle_router_endpoints': router_endpoints,
+            'bundle_master_local_url': master_local_url,
             'bundle_vllm_stale_instances': vllm_stale_instances,
             'bundle_host_listeners': host_listeners,
             'bundle_firewall_source_classes': firewall_source_classes,

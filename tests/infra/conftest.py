@@ -46,6 +46,19 @@ def role_defaults(*names):
     return out
 
 
+def _bundle_filters():
+    """plugins/filter/bundle.py, the playbooks' own definitions (a router's URL on its host ...), read rather
+    than restated here."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('pd_bundle_filter', REPO / 'plugins' / 'filter' / 'bundle.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BUNDLE = _bundle_filters()
+
+
 # What the inventory leaves out: the roles' defaults.
 DEFAULTS = role_defaults(
     'etcd_client_port', 'etcd_peer_port', 'etcd_mooncake_client_port', 'etcd_cert_dir',

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from conftest import (bearer_secrets, check_output_masked, curl_json, deployed_kv_config, entry_client, entry_open,
+from conftest import (BUNDLE, bearer_secrets, check_output_masked, curl_json, deployed_kv_config, entry_client, entry_open,
                       first_entry, groups, hvars, in_group, metric_value, other_host, router_auth_headers, wait_until)
 
 # Over 256 tokens with any tokenizer: KV moves in whole blocks (128 tokens on CPU).
@@ -129,10 +129,9 @@ class RouterApi:
     via = 'the router'
 
     def __init__(self, host):
-        v = hvars(host)
-        bind = str(v.get('vllm_router_host') or v['common_host_ip'])  # roles/vllm_router: the cluster address by default
+        name = hvars(host)['inventory_hostname']
         self.host = host
-        self.base = 'http://%s:%s' % ('127.0.0.1' if bind == '0.0.0.0' else bind, v['vllm_router_port'])
+        self.base = BUNDLE.router_local_url(name, {name: hvars(host)})  # the playbooks' own definition
         # The API key (when deployed) goes with every request, as a client holding it would send it.
         self.auth = router_auth_headers(host)
 

@@ -406,3 +406,31 @@ def test_router_binds_its_cluster_address_unless_told():
     assert bf.router_bind('r1', hv) == '10.0.0.41'
     assert bf.router_local_url('r1', hv) == 'http://10.0.0.41:%s' % bf.host_cfg('r1', hv)['vllm_router_port']
     assert bf.router_bind('r2', hv) == '0.0.0.0' and bf.router_local_url('r2', hv) == 'http://127.0.0.1:9000'
+
+
+def test_router_endpoints_are_what_the_entry_and_the_drain_reach():
+    """One list for haproxy's backends (address:port from another host) and the vLLM drain (local_url on the
+    router's host, with the router's key): a router bound to every address is reached at its cluster address."""
+    hv = {'r1': {'common_host_ip': '10.0.0.41', 'vllm_router_api_key': 'k1'},
+          'r2': {'common_host_ip': '10.0.0.42', 'vllm_router_host': '0.0.0.0', 'vllm_router_port': 9000},
+          'r3': {'common_host_ip': '10.0.0.43', 'vllm_router_host': '192.168.7.3', 'vllm_router_port': 9001}}
+    eps = bf.router_endpoints(['r1', 'r2', 'r3'], hv)
+    port = int(bf.host_cfg('r1', hv)['vllm_router_port'])
+    assert eps[0] == {'host': 'r1', 'address': '10.0.0.41', 'port': port, 'url': 'http://10.0.0.41:%d' % port,
+                      'local_url': 'http://10.0.0.41:%d' % port, 'headers': {'Authorization': 'Bearer k1'}}
+    assert (eps[1]['address'], eps[1]['port'], eps[1]['local_url'], eps[1]['headers']) == \
+        ('10.0.0.42', 9000, 'http://127.0.0.1:9000', {})
+    assert (eps[1]['url'], eps[2]['url'], eps[2]['local_url']) == \
+        ('http://10.0.0.42:9000', 'http://192.168.7.3:9001', 'http://192.168.7.3:9001')
+    assert bf.router_endpoints([], hv) == []
+
+
+def test_master_local_url_is_its_metrics_server_on_its_host():
+    """The master's health waits, watchdog and status read one URL: mooncake_master_metrics_host (the cluster
+    address by default), 127.0.0.1 when the metrics server binds every address."""
+    port = bf.host_cfg('m1', {'m1': {'common_host_ip': '10.0.0.5'}})['mooncake_master_metrics_port']
+    assert bf.master_local_url('m1', {'m1': {'common_host_ip': '10.0.0.5'}}) == 'http://10.0.0.5:%s' % port
+    assert bf.master_local_url('m1', {'m1': {'ansible_host': '10.0.0.6'}}) == 'http://10.0.0.6:%s' % port
+    hv = {'m1': {'common_host_ip': '10.0.0.5', 'mooncake_master_metrics_host': '0.0.0.0',
+                 'mooncake_master_metrics_port': 9100}}
+    assert bf.master_local_url('m1', hv) == 'http://127.0.0.1:9100'

@@ -83,8 +83,8 @@ def make_cert(tmp):
 @needs_haproxy
 def test_rendered_config_passes_haproxy_check(tmp_path):
     make_cert(tmp_path)
-    backends = [{'name': 'router-1', 'address': '10.10.0.41', 'port': 8000},
-                {'name': 'router-2', 'address': '10.10.0.42', 'port': 8000}]
+    backends = [{'host': 'router-1', 'address': '10.10.0.41', 'port': 8000},
+                {'host': 'router-2', 'address': '10.10.0.42', 'port': 8000}]
     for extra in ({}, {'entry_rate_limits': {'ci': 20}}, {'entry_rate_limit_default': 100}):
         cfg = tmp_path / 'haproxy.cfg'
         cfg.write_text(render(tmp_path, backends, entry_keys=KEYS, **extra))
@@ -122,7 +122,7 @@ def entry(tmp_path):
     threading.Thread(target=router.serve_forever, daemon=True).start()
     port, check_port = free_port(), free_port()
     cfg = tmp_path / 'haproxy.cfg'
-    cfg.write_text(not_root(render(tmp_path, [{'name': 'router-1', 'address': '127.0.0.1', 'port': router.server_port}],
+    cfg.write_text(not_root(render(tmp_path, [{'host': 'router-1', 'address': '127.0.0.1', 'port': router.server_port}],
                                    entry_keys=KEYS, entry_port=port, entry_bind_address='127.0.0.1',
                                    entry_check_port=check_port, entry_router_check_interval='200ms',
                                    entry_rate_limits={'ci': 3}, entry_rate_limit_period='30s')))
