@@ -112,3 +112,22 @@ def test_a_uri_call_makes_a_remote_temporary_directory_only_to_send_a_file():
     assert action._early_needs_tmp_path() is False
     action._task.args = {'url': 'http://x/', 'src': 'f'}
     assert action._early_needs_tmp_path() is True
+
+
+def test_the_heap_is_frozen_before_workers_fork_and_garbage_is_not_kept():
+    """5. What the controller holds is frozen (the workers' collector never scans it); an unreachable cycle made
+    before is collected first, not frozen with the rest."""
+    import gc
+    import weakref
+
+    class Node:
+        pass
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    del a, b
+    try:
+        sp.freeze_heap()
+        assert gc.get_freeze_count() > 0 and gone() is None
+    finally:
+        gc.unfreeze()
