@@ -283,11 +283,23 @@ def mooncake_check_pairs(decode_hosts, prefill_host, hostvars, protocol):
             for p in instances(prefill_host) for d in decode_hosts for i in instances(d)]
 
 
+def run_as_argv(user):
+    """The prefix that runs a command as user instead of root (Ansible runs it as root): unlimited locked
+    memory first (RDMA registers the buffer; only root may raise the limit, and an unprivileged process has
+    no CAP_IPC_LOCK to ignore it), then setpriv drops to the user, its group and supplementary groups (no
+    PAM session, so the environment Ansible passes stays). [] when user is empty."""
+    if not user:
+        return []
+    return ['prlimit', '--memlock=unlimited', '--', 'setpriv', '--reuid=%s' % user, '--regid=%s' % user,
+            '--init-groups', '--']
+
+
 def mooncake_check_argv(end, action, opts):
     """The check's command line for one end (an item of mooncake_check_pairs): action 'serve' (the target) or
     'probe' (the initiator, writing to opts['target']). opts: tool, protocol, size, port, and for probe target,
-    duration, min_ratio. A GPU-memory end runs the tool with its python and adds --memory/--gpu."""
-    argv = ([end['python']] if end.get('python') else []) + [opts['tool'], action]
+    duration, min_ratio; run_as (optional): the unprivileged user it runs as (run_as_argv). A GPU-memory end
+    runs the tool with its python and adds --memory/--gpu."""
+    argv = run_as_argv(opts.get('run_as')) + ([end['python']] if end.get('python') else []) + [opts['tool'], action]
     common = ['--host-ip=%s' % end['ip'], '--protocol=%s' % opts['protocol'], '--device=%s' % end['device']]
     if action == 'serve':
         argv += common + ['--size=%s' % opts['size'], '--control-port=%s' % opts['port'], '--timeout=300']
@@ -389,7 +401,8 @@ def host_listeners(cfg, roles):
         # /metrics and /health; scraped by monitoring, every bundle check reads its own master's over loopback.
         add(cfg.get('mooncake_master_metrics_port'), ['mooncake_master_metrics_port'], 'Mooncake master metrics/health',
             ['monitoring'])
-        if _truthy(cfg.get('mooncake_master_http_metadata_server'), True):
+        # roles['http_metadata']: master_http_metadata (the firewall); without it, on unless turned off.
+        if roles.get('http_metadata', str(cfg.get('mooncake_master_http_metadata_server')).lower() not in ('false', 'no', 'off', '0')):
             add(cfg.get('mooncake_master_http_metadata_port'), ['mooncake_master_http_metadata_port'],
                 'Mooncake master HTTP metadata', ['store_clients'])
     if roles.get('master') or vllm:
@@ -579,6 +592,21 @@ def metadata_backend(setting, ha):
     return str(setting)
 
 
+def master_http_metadata(host, groups, hostvars):
+    """Whether host's Mooncake master runs its HTTP metadata server (a 0.0.0.0 listener with no auth):
+    mooncake_master_http_metadata_server true/false, or auto (the default): only when an instance reads it,
+    i.e. store mode (MooncakeStoreConnector) with the http metadata backend. P2P mode never does."""
+    setting = host_cfg(host, hostvars).get('mooncake_master_http_metadata_server', 'auto')
+    if str(setting).strip().lower() != 'auto':
+        return _boollike(setting)
+    if not store_mode(groups, hostvars):
+        return False
+    masters = groups.get('mooncake_master') or []
+    vllm = list(groups.get('vllm_prefill') or []) + list(groups.get('vllm_decode') or [])
+    ha = master_ha(host_cfg(host, hostvars).get('mooncake_master_ha', 'auto'), masters)
+    return metadata_backend(host_cfg(vllm[0], hostvars).get('mooncake_metadata_backend', 'auto') if vllm else 'auto', ha) == 'http'
+
+
 _ROLES_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'roles'))
 _DEFAULTS_CACHE = {}
 
@@ -644,6 +672,26 @@ def _host_cfg(host, hostvars, roles_dir):
     return cfg
 
 
+def _pin(cfg, package_var, version_var):
+    return '%s==%s' % (cfg.get(package_var), cfg.get(version_var))
+
+
+# The venvs the bundle builds, each installed from its hash-locked file common_pip_lock_dir/<name>.txt
+# (roles/common/tasks/venv.yml): the role flag of the hosts that build it (preflight_checks' _roles) and its
+# pinned packages from a host's settings. The roles' install tasks and preflight's packages_lock read this.
+VENVS = {
+    'mooncake': ('engine', lambda c: [_pin(c, 'mooncake_package', 'mooncake_version')]),
+    'vllm': ('vllm', lambda c: [_pin(c, 'vllm_package', 'vllm_version'), _pin(c, 'mooncake_package', 'mooncake_version')]
+             + list(c.get('vllm_pip_extra_packages') or [])),
+    'vllm-router': ('router', lambda c: ['vllm-router==%s' % c.get('vllm_router_version')]),
+}
+
+
+def venv_pins(cfg, name):
+    """The pinned packages (name==version) of venv name for a host with settings cfg (bundle_host_cfg)."""
+    return VENVS[name][1](cfg)
+
+
 def etcd_mooncake_hostports(etcd_hosts, hostvars):
     out = []
     for h in etcd_hosts or []:
@@ -681,4 +729,7 @@ class FilterModule(object):
             'bundle_listener_port_table': listener_port_table,
             'bundle_master_ha': master_ha,
             'bundle_metadata_backend': metadata_backend,
+            'bundle_venv_pins': venv_pins,
+            'bundle_master_http_metadata': master_http_metadata,
+            'bundle_run_as_argv': run_as_argv,
         }

@@ -64,6 +64,7 @@ VLLM_ENV = {
     'SERVE_EXTRA_ARGS': 'vllm_extra_args / vllm_instances[].extra_args',
     'VLLM_HOST_IP': 'common_host_ip / vllm_instances[].host_ip',
     'VLLM_MOONCAKE_BOOTSTRAP_PORT': 'vllm_instances[].bootstrap_port / vllm_default_bootstrap_port',
+    'PD_BUNDLE_BOOTSTRAP_HOST': 'common_host_ip / vllm_instances[].host_ip',
     'PD_BUNDLE_SIDE_CHANNEL_PORT': 'vllm_instances[].side_channel_port / vllm_side_channel_port_base',
     'PD_BUNDLE_SIDE_CHANNEL_SPAN': 'vllm_instances[].tensor_parallel_size',
     'VLLM_MOONCAKE_CONNECTOR_TIMEOUT': 'vllm_mooncake_connector_timeout',

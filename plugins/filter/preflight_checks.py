@@ -24,6 +24,7 @@ import json
 import os
 import re
 import runpy
+from urllib.parse import urlsplit
 
 # plugins/filter/NAME.py as a module (filter plugins are not a package): the one loader, siblings.load.
 _sibling = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
@@ -235,6 +236,16 @@ def booleans_master_ha(cfg, host, groups, specs):
             'true or false.' % (_j(value), host)]
 
 
+@check('booleans')
+def booleans_http_metadata(cfg, host, groups, specs):
+    """auto or a boolean (type raw, as mooncake_master_ha)."""
+    value = cfg.get('mooncake_master_http_metadata_server', 'auto')
+    if not _roles(host, groups)['master'] or str(value) == 'auto' or _pf.is_boollike(value):
+        return []
+    return ['mooncake_master_http_metadata_server=%s on %s is not supported. Fix: set it to auto (on only in store mode '
+            'with the http metadata backend), true or false.' % (_j(value), host)]
+
+
 @check('args')
 def args_tokens(cfg, host, groups, specs):
     r = _roles(host, groups)
@@ -354,6 +365,91 @@ def packages_wheel(cfg, host, groups, specs):
     return ['mooncake_package=%s on %s does not fit vllm_platform=%s with %s %s: %s. Fix: mooncake_package: %s%s.'
             % (wheel, host, platform, vllm_package, vllm_version, why, NON_CUDA_WHEEL if platform == 'cpu' else CUDA13_WHEEL,
                ' (known packages: %s)' % ', '.join(known) if known else '')]
+
+
+def read_lock(text):
+    """{canonical name: (version, has_hash)} of a lock written by scripts/pip-lock.py, and its unhashed lines."""
+    pins, unhashed = {}, []
+    for raw in text.splitlines():
+        line = raw.split('#', 1)[0].strip()
+        if not line:
+            continue
+        req = line.split()[0]
+        name, _, version = req.partition('==')
+        if '--hash=sha256:' not in line or not version:
+            unhashed.append(req)
+        pins[re.sub(r'[-_.]+', '-', name).lower()] = version
+    return pins, unhashed
+
+
+def _pins_typed(cfg, specs):
+    """The settings venv pins are made of have their spec's types and choices."""
+    extra = cfg.get('vllm_pip_extra_packages') or []
+    choices = _option(specs, 'mooncake_package', 'mooncake').get('choices')
+    return (isinstance(extra, list) and all(isinstance(e, str) for e in extra)
+            and (not choices or cfg.get('mooncake_package') in choices))
+
+
+@check('packages')
+def packages_lock(cfg, host, groups, specs):
+    """Each venv the host builds has its hash-locked file on the controller, and it pins the role's packages."""
+    if not _truthy(cfg.get('common_pip_require_hashes'), True):
+        return []
+    roles, out = _roles(host, groups), []
+    lock_dir = cfg.get('common_pip_lock_dir')
+    for name, (role, _) in sorted(_bundle.VENVS.items()):
+        if not roles[role] or not _pins_typed(cfg, specs):
+            continue  # a value of the wrong type or choice: argument_specs refuses it first
+        pins = _bundle.venv_pins(cfg, name)
+        if not (isinstance(lock_dir, str) and lock_dir.strip()):
+            return ['common_pip_lock_dir is empty on %s, while common_pip_require_hashes is true: pip must install from '
+                    'hash-locked files. Fix: set common_pip_lock_dir to a controller directory (e.g. the '
+                    'inventory directory\'s pip-locks) and write <venv>.txt there with scripts/pip-lock.py, or set '
+                    'common_pip_require_hashes: false to install unchecked.' % host]
+        path = os.path.join(lock_dir, name + '.txt')
+        fix = 'Fix: scripts/pip-lock.py --out %s %s (with the wheelhouse or index options the hosts use).' % (path, ' '.join(pins))
+        if not os.path.isfile(path):
+            out.append('common_pip_lock_dir=%s on %s has no %s.txt, the hash-locked requirements of the %s venv. %s'
+                       % (lock_dir, host, name, name, fix))
+            continue
+        with open(path) as f:
+            locked, unhashed = read_lock(f.read())
+        stale = [p for p in pins if locked.get(re.sub(r'[-_.]+', '-', p.partition('==')[0]).lower()) != p.partition('==')[2]]
+        if unhashed:
+            out.append('%s (common_pip_lock_dir on %s) has lines without a sha256 hash: %s. %s'
+                       % (path, host, ', '.join(unhashed[:4]), fix))
+        elif stale:
+            out.append('%s (common_pip_lock_dir on %s) does not pin %s, which the %s venv installs. %s'
+                       % (path, host, ', '.join(stale), name, fix))
+    return out
+
+
+@check('packages', scope='fleet')
+def packages_find_links(hostvars, groups, specs, host):
+    """A plain-http wheelhouse is served by a cluster host that does not face the internet (the entry hosts do)."""
+    public = set((groups or {}).get('entry') or [])
+    cluster = {}
+    for h, cfg in _cfgs(hostvars, sorted({x for hs in (groups or {}).values() for x in hs or []})):
+        cluster[h] = h
+        cluster[_bundle.host_ip(h, hostvars)] = h
+    bad = {}
+    for h, cfg in _cfgs(hostvars, sorted(cluster.values())):
+        url = cfg.get('common_pip_find_links')
+        if not (isinstance(url, str) and url.startswith('http://')):
+            continue
+        server = urlsplit(url).hostname or ''
+        if server not in cluster:
+            why = '%s is not a host of this inventory' % server
+        elif cluster[server] in public:
+            why = '%s (%s) is an entry host, which faces the internet' % (server, cluster[server])
+        else:
+            continue
+        bad.setdefault((url, why), []).append(h)
+    return ['common_pip_find_links=%s on %s: a plain-http wheelhouse must be served by a cluster host that is not '
+            'public, and %s. Fix: serve it from a control host of this inventory (e.g. an etcd member) and admit the '
+            'bundle hosts to its port (firewall_cluster_tcp_ports), or use https://.'
+            % (url, ', '.join(hs[:4]) + (' and %d more' % (len(hs) - 4) if len(hs) > 4 else ''), why)
+            for (url, why), hs in sorted(bad.items())]
 
 
 @check('packages')
@@ -664,10 +760,11 @@ def kv_mode_store_metadata(hostvars, groups, specs, host):
     masters = list(groups.get('mooncake_master') or [])
     if backend == 'etcd' and not groups.get('etcd'):
         missing, fix = 'the etcd group is empty', 'add 1, 3 or 5 hosts under etcd:, or set mooncake_metadata_backend: http'
-    elif backend == 'http' and masters and not _truthy(
-            (_cfgs(hostvars, masters[:1]) or [(None, {})])[0][1].get('mooncake_master_http_metadata_server'), True):
+    elif backend == 'http' and masters and str(
+            (_cfgs(hostvars, masters[:1]) or [(None, {})])[0][1].get('mooncake_master_http_metadata_server', 'auto')
+            ).strip().lower() in ('false', 'no', 'off', '0'):
         missing = 'the first master does not run its HTTP metadata server (mooncake_master_http_metadata_server)'
-        fix = 'set mooncake_master_http_metadata_server: true, or mooncake_metadata_backend: etcd with an etcd group'
+        fix = 'set mooncake_master_http_metadata_server: auto (or true), or mooncake_metadata_backend: etcd with an etcd group'
     else:
         return []  # no master at all: kv_mode_store_master
     return ['mooncake_metadata_backend=%s in store mode (checked on %s), but %s. Fix: %s.' % (backend, host, missing, fix)]

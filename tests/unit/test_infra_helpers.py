@@ -116,6 +116,29 @@ LISTEN 0 4096 [fe80::1%eth0]:7000 [::]:*
 """
 
 
+units = _load_infra("test_units.py")
+
+
+def _table(*entries):
+    """listener_table rows from (port, last, vars, public)."""
+    return [(p, last or p, {"port": p, "vars": list(v), "public": pub}) for p, last, v, pub in entries]
+
+
+def test_listener_outside_the_table_or_a_wildcard_bind_fails():
+    table = _table((8100, None, ["vllm_instances[0].port"], False), (443, None, ["entry_port"], True),
+                   (15000, 17000, ["mooncake_rpc_port_min..mooncake_rpc_port_max"], False))
+    ok = {("172.30.0.21", 8100), ("0.0.0.0", 443), ("0.0.0.0", 16062), ("::", 15550), ("127.0.0.1", 9999),
+          ("127.0.0.11", 34501), ("172.30.0.21", 41763)}
+    assert units.unlisted_listeners(ok, table, 32768) == ([], [])
+    # the vLLM API on the wildcard (the old default), a unit's new port, a wildcard off the table
+    bad = ok | {("0.0.0.0", 8100)} | {("172.30.0.21", 9090)} | {("0.0.0.0", 8998)}
+    wild, unlisted = units.unlisted_listeners(bad, table, 32768)
+    assert wild == ["0.0.0.0:8100 (vllm_instances[0].port)", "0.0.0.0:8998 (not in the table)"]
+    assert unlisted == ["172.30.0.21:9090"]
+    # a port the operator made public (firewall_public_tcp_ports) may listen anywhere
+    assert units.unlisted_listeners({("0.0.0.0", 9090)}, table, 32768, [9090]) == ([], [])
+
+
 def test_host_ip_sockets_need_the_exact_address():
     socks = conftest.parse_ss_listeners(SS)
     assert ("172.30.0.11", 2379) in socks and ("fe80::1", 7000) in socks and ("::", 29000) in socks

@@ -1,5 +1,7 @@
 """The side-channel pin: a restarted prefill binds the same port, so decodes' cached address works."""
 import importlib.util
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,52 @@ def test_second_rank_takes_the_next_port_and_a_full_range_fails():
     with pytest.raises(RuntimeError, match="9100-9101 are all taken.*vllm_side_channel_port_base"):
         z.Socket().bind_to_random_port("tcp://h")
     assert 55555 not in FakeZmq.taken  # pyzmq's own random choice was never made
+
+
+class FakeServer:
+    def __init__(self, host, port):
+        self.host, self.port = host, port
+
+
+def fake_connector(loopback="127.0.0.1"):
+    """The two names of vLLM's mooncake_connector module the bootstrap patch replaces."""
+    return types.SimpleNamespace(MooncakeBootstrapServer=FakeServer,
+                                 get_mooncake_bootstrap_addr=lambda cfg: (cfg.get("host", loopback), 8998))
+
+
+def test_bootstrap_server_binds_and_registers_at_the_instance_address():
+    mod = fake_connector()
+    sc.patch_bootstrap("10.10.1.21")(mod)
+    server = mod.MooncakeBootstrapServer("0.0.0.0", 8998)
+    assert (server.host, server.port) == ("10.10.1.21", 8998) and isinstance(server, FakeServer)
+    assert mod.MooncakeBootstrapServer("10.9.9.9", 8998).host == "10.9.9.9"  # an explicit address stays
+    assert mod.get_mooncake_bootstrap_addr({}) == ("10.10.1.21", 8998)  # the workers' registration
+    assert mod.get_mooncake_bootstrap_addr({"host": "10.0.0.5"}) == ("10.0.0.5", 8998)  # multi-node master stays
+
+
+def test_bootstrap_patch_is_all_or_nothing():
+    mod = types.SimpleNamespace(MooncakeBootstrapServer=FakeServer)  # another vLLM: no address function
+    sc.patch_bootstrap("10.10.1.21")(mod)
+    assert mod.MooncakeBootstrapServer is FakeServer
+
+
+def test_bootstrap_patch_hooks_the_connector_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakevllm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "conn.py").write_text("class MooncakeBootstrapServer:\n"
+                                 "    def __init__(self, host, port):\n        self.host = host\n"
+                                 "def get_mooncake_bootstrap_addr(cfg):\n    return '127.0.0.1', 8998\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sc, "CONNECTOR", "fakevllm.conn")
+    assert sc.install_bootstrap_bind({"PD_BUNDLE_BOOTSTRAP_HOST": "10.10.1.21"})
+    import fakevllm.conn as conn  # noqa: PLC0415
+    assert conn.MooncakeBootstrapServer("0.0.0.0", 8998).host == "10.10.1.21"
+    assert conn.get_mooncake_bootstrap_addr(None) == ("10.10.1.21", 8998)
+
+
+@pytest.mark.parametrize("env", [{}, {"PD_BUNDLE_BOOTSTRAP_HOST": ""}, {"PD_BUNDLE_BOOTSTRAP_HOST": "0.0.0.0"}])
+def test_bootstrap_bind_off_without_an_address(env):
+    before = list(sys.meta_path)
+    assert not sc.install_bootstrap_bind(env)
+    assert sys.meta_path == before

@@ -9,7 +9,7 @@ SRC = Path(__file__).resolve().parents[2] / "plugins" / "tools" / "pd_bundle_sto
 spec = importlib.util.spec_from_file_location("pd_bundle_store_wait", SRC)
 sw = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sw)
-sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, sw._PatchOnImport)]
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "PatchOnImport"]
 
 
 class Clock:
@@ -79,9 +79,7 @@ def test_patches_the_scheduler_class_on_import(tmp_path, monkeypatch):
         "    def get_num_new_matched_tokens(self, request, n):\n"
         "        return 0, False\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sw, "SCHEDULER", "fakepkg.sched")
-    finder = sw._PatchOnImport(1.0)
-    sys.meta_path.insert(0, finder)
+    finder = sw.patch_on_import("fakepkg.sched", sw.patch_scheduler(1.0))
     try:
         import fakepkg.sched as mod  # noqa: PLC0415
     finally:

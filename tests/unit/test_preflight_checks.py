@@ -3,6 +3,7 @@ variable, the host and the fix) and passes a good small fleet built from the rol
 import copy
 import importlib.util
 import os
+import tempfile
 
 import pytest
 import yaml
@@ -42,7 +43,7 @@ INVENTORY = {
 def fleet(inv=None):
     """hostvars as the fleet checks see them: inventory values plus _preflight_cfg (defaults overlaid)."""
     inv = inv or INVENTORY
-    return {h: dict(hv, _preflight_cfg=pf.effective(hv, ROLES["defaults"])) for h, hv in inv.items()}
+    return {h: dict(hv, _preflight_cfg=pf.effective(hv, DEFAULTS)) for h, hv in inv.items()}
 
 
 def run(check_id, inv=None, groups=None, host=None):
@@ -108,6 +109,24 @@ def entry_inv(**values):
 INVENTORY.update({h: v for h, v in entry_inv().items() if h.startswith("entry-")})
 
 
+def write_locks(directory, cfg, hashed=True):
+    """Each venv's lock (scripts/pip-lock.py's format) pinning what a host with settings cfg installs."""
+    os.makedirs(directory, exist_ok=True)
+    for name in pc._bundle.VENVS:
+        lines = ["%s --hash=sha256:%s" % (p, "0" * 64) if hashed else p for p in pc._bundle.venv_pins(cfg, name)]
+        with open(os.path.join(directory, name + ".txt"), "w") as f:
+            f.write("# test lock\n" + "\n".join(lines + ["idna==3.20 --hash=sha256:" + "1" * 64]) + "\n")
+
+
+# The good fleet's hash-locked venvs (the roles' default pins), in a directory of this test run.
+LOCKS = tempfile.mkdtemp(prefix="pd-locks-")
+write_locks(LOCKS, pf.effective({}, ROLES["defaults"]))
+UNHASHED_LOCKS = tempfile.mkdtemp(prefix="pd-locks-unhashed-")
+write_locks(UNHASHED_LOCKS, pf.effective({}, ROLES["defaults"]), hashed=False)
+# ... as every host's setting (an inventory's group_vars/all: hosts that tests add get it too)
+DEFAULTS = dict(ROLES["defaults"], common_pip_lock_dir=LOCKS)
+
+
 # check id -> (host, inventory, groups, substrings the message must contain besides the host and "Fix:")
 FAILING = {
     "groups_required": ("ctl-1", None, groups_with(vllm_router=None), ["no host in group vllm_router"]),
@@ -116,6 +135,8 @@ FAILING = {
     "groups_etcd_odd": ("ctl-1", None, groups_with(etcd=["ctl-1", "ctl-2"]), ["The group etcd has 2 members"]),
     "groups_master_ha_etcd": ("ctl-1", None, groups_with(mooncake_master=["ctl-1", "ctl-2"], etcd=None),
                               ["mooncake_master_ha=auto with 2 master(s)", "group etcd is empty"]),
+    "booleans_http_metadata": ("ctl-1", with_vars("ctl-1", mooncake_master_http_metadata_server="sometimes"), None,
+                               ['mooncake_master_http_metadata_server="sometimes" on ctl-1']),
     "booleans_master_ha": ("ctl-1", with_vars("ctl-1", mooncake_master_ha="maybe"), None,
                            ['mooncake_master_ha="maybe" on ctl-1']),
     "args_tokens": ("gpu-p1", with_vars("gpu-p1", vllm_extra_args=["--gpu-memory-utilization 0.9"]), None,
@@ -134,6 +155,10 @@ FAILING = {
                               None, ['firewall_public_tcp_ports=[22, 70000] on router-1 is not a list of ports']),
     "packages_versions": ("gpu-p1", with_vars("gpu-p1", vllm_version=0.33), None,
                           ["vllm_version=0.33 on gpu-p1 is not a version string", 'vllm_version: "0.33.0"']),
+    "packages_lock": ("gpu-p1", with_vars("gpu-p1", vllm_version="0.99.0"), None,
+                      [LOCKS + "/vllm.txt", "does not pin vllm==0.99.0", "scripts/pip-lock.py --out " + LOCKS + "/vllm.txt"]),
+    "packages_find_links": ("gpu-p1", with_vars("gpu-p1", common_pip_find_links="http://10.9.9.9:8081/w/"), None,
+                            ["common_pip_find_links=http://10.9.9.9:8081/w/", "10.9.9.9 is not a host of this inventory"]),
     "packages_wheel": ("gpu-p1", with_vars("gpu-p1", mooncake_package="mooncake-transfer-engine"), None,
                        ["mooncake_package=mooncake-transfer-engine on gpu-p1", "libcudart.so.12",
                         "Fix: mooncake_package: mooncake-transfer-engine-cuda13"]),
@@ -453,3 +478,43 @@ def test_no_check_repeats_what_a_spec_declares(label, host, inv):
     msgs = [m for h in sorted(hv) for m in pc.host_errors(hv[h]["_preflight_cfg"], h, GROUPS, SPECS, [])]
     msgs += pc.fleet_errors(hv, GROUPS, SPECS, [], "ctl-1")
     assert msgs == [], "%s: the spec refuses it; the Python checks must not: %s" % (label, msgs)
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({"common_pip_lock_dir": ""}, ["common_pip_lock_dir is empty on gpu-p1", "common_pip_require_hashes: false"]),
+    ({"common_pip_lock_dir": "/nonexistent/locks"}, ["common_pip_lock_dir=/nonexistent/locks on gpu-p1 has no mooncake.txt"]),
+    ({"common_pip_lock_dir": UNHASHED_LOCKS}, ["has lines without a sha256 hash: vllm==0.33.0"]),
+])
+def test_packages_lock_cases(values, expected):
+    text = " ".join(run("packages_lock", with_vars("gpu-p1", **values), None, "gpu-p1"))
+    for sub in expected + ["Fix:"]:
+        assert sub in text, "missing %r in %s" % (sub, text)
+
+
+def test_packages_lock_off_and_hosts_without_a_venv():
+    assert run("packages_lock", with_vars("gpu-p1", common_pip_require_hashes=False, common_pip_lock_dir=""), None, "gpu-p1") == []
+    # an etcd-only host builds no venv: nothing to lock
+    assert run("packages_lock", with_vars("ctl-2", common_pip_lock_dir=""), None, "ctl-2") == []
+
+
+def test_packages_lock_reads_what_pip_lock_writes(tmp_path):
+    lock = _load("pip_lock", "scripts/pip-lock.py")
+    report = {"install": [{"metadata": {"name": "Foo_Bar", "version": "1.0"},
+                           "download_info": {"archive_info": {"hashes": {"sha256": "ab" * 32}}}}]}
+    text = lock.lock_text(lock.report_pins(report), "scripts/pip-lock.py foo-bar==1.0")
+    assert pc.read_lock(text) == ({"foo-bar": "1.0"}, [])
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("http://10.0.0.51:8081/w/", ["10.0.0.51 (entry-1) is an entry host, which faces the internet"]),
+    ("http://10.0.0.12:8081/w/", []),          # ctl-2: a cluster host that is not public
+    ("http://ctl-2:8081/w/", []),
+    ("https://10.9.9.9/w/", []),               # https: the transport is authenticated
+    ("/opt/wheels", []),
+])
+def test_packages_find_links_cases(url, expected):
+    groups = dict(ENTRY_GROUPS, etcd=["ctl-1", "ctl-2"])
+    text = " ".join(run("packages_find_links", with_vars("gpu-p1", common_pip_find_links=url), groups, "gpu-p1"))
+    assert bool(text) == bool(expected)
+    for sub in expected:
+        assert sub in text
