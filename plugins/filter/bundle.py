@@ -283,23 +283,24 @@ def mooncake_check_pairs(decode_hosts, prefill_host, hostvars, protocol):
             for p in instances(prefill_host) for d in decode_hosts for i in instances(d)]
 
 
-def run_as_argv(user):
-    """The prefix that runs a command as user instead of root (Ansible runs it as root): unlimited locked
-    memory first (RDMA registers the buffer; only root may raise the limit, and an unprivileged process has
-    no CAP_IPC_LOCK to ignore it), then setpriv drops to the user, its group and supplementary groups (no
-    PAM session, so the environment Ansible passes stays). [] when user is empty."""
+def run_as_argv(user, unlimited_memlock=False):
+    """The prefix that runs a command as user instead of root (Ansible runs it as root): with unlimited_memlock
+    (RDMA registers the buffer; only root may raise the limit, and an unprivileged process has no CAP_IPC_LOCK
+    to ignore it) prlimit first, then setpriv drops to the user, its group and supplementary groups (no PAM
+    session, so the environment Ansible passes stays). [] when user is empty."""
     if not user:
         return []
-    return ['prlimit', '--memlock=unlimited', '--', 'setpriv', '--reuid=%s' % user, '--regid=%s' % user,
-            '--init-groups', '--']
+    return (['prlimit', '--memlock=unlimited', '--'] if unlimited_memlock else []) + [
+        'setpriv', '--reuid=%s' % user, '--regid=%s' % user, '--init-groups', '--']
 
 
 def mooncake_check_argv(end, action, opts):
     """The check's command line for one end (an item of mooncake_check_pairs): action 'serve' (the target) or
     'probe' (the initiator, writing to opts['target']). opts: tool, protocol, size, port, and for probe target,
-    duration, min_ratio; run_as (optional): the unprivileged user it runs as (run_as_argv). A GPU-memory end
-    runs the tool with its python and adds --memory/--gpu."""
-    argv = run_as_argv(opts.get('run_as')) + ([end['python']] if end.get('python') else []) + [opts['tool'], action]
+    duration, min_ratio; run_as (optional): the unprivileged user it runs as (run_as_argv, locked memory
+    unlimited with protocol rdma). A GPU-memory end runs the tool with its python and adds --memory/--gpu."""
+    argv = (run_as_argv(opts.get('run_as'), opts['protocol'] == 'rdma') + ([end['python']] if end.get('python') else [])
+            + [opts['tool'], action])
     common = ['--host-ip=%s' % end['ip'], '--protocol=%s' % opts['protocol'], '--device=%s' % end['device']]
     if action == 'serve':
         argv += common + ['--size=%s' % opts['size'], '--control-port=%s' % opts['port'], '--timeout=300']

@@ -428,12 +428,16 @@ def packages_lock(cfg, host, groups, specs):
 def packages_find_links(hostvars, groups, specs, host):
     """A plain-http wheelhouse is served by a cluster host that does not face the internet (the entry hosts do)."""
     public = set((groups or {}).get('entry') or [])
+    hosts = sorted({x for hs in (groups or {}).values() for x in hs or []})
     cluster = {}
-    for h, cfg in _cfgs(hostvars, sorted({x for hs in (groups or {}).values() for x in hs or []})):
+    for h in hosts:  # every host's name and address, with or without settings here (a --limit run)
         cluster[h] = h
-        cluster[_bundle.host_ip(h, hostvars)] = h
+        try:
+            cluster[_bundle.host_ip(h, hostvars)] = h
+        except Exception:  # no usable address: addresses_usable names it
+            pass
     bad = {}
-    for h, cfg in _cfgs(hostvars, sorted(cluster.values())):
+    for h, cfg in _cfgs(hostvars, hosts):
         url = cfg.get('common_pip_find_links')
         if not (isinstance(url, str) and url.startswith('http://')):
             continue

@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from conftest import deployed_kv_config, groups, hvars, in_group, other_host, role_defaults
+from conftest import deployed_kv_config, groups, hvars, in_group, other_host, read_root_file, role_defaults
 
 TABLE = 'pd_bundle'
 UNIT = 'pd-bundle-firewall.service'
@@ -90,8 +90,10 @@ def protected_ports(host):
         ports.append((v.get('etcd_mooncake_client_port', 2479), 'etcd plain client for Mooncake', {'mooncake_master', 'store'}))
     if in_group(host, 'mooncake_master'):
         ports += [(v['mooncake_master_rpc_port'], 'master RPC', {'store'}),
-                  (v['mooncake_master_metrics_port'], 'master metrics', {'monitoring'}),
-                  (v['mooncake_master_http_metadata_port'], 'master HTTP metadata', {'store'})]
+                  (v['mooncake_master_metrics_port'], 'master metrics', {'monitoring'})]
+        # The HTTP metadata server runs only where a store-mode instance reads it (the deployed flags say).
+        if '--enable_http_metadata_server=true' in read_root_file(host, '/etc/mooncake/master.env'):
+            ports.append((v['mooncake_master_http_metadata_port'], 'master HTTP metadata', {'store'}))
     if in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode'):
         for inst in v.get('vllm_instances', []):
             ports.append((inst['port'], 'vLLM %s' % inst['name'], {'vllm_router', 'monitoring'}))

@@ -275,7 +275,8 @@ def _want_sources(h, groups, hv):
     if h in groups['etcd']:
         want.update({2379: {'etcd'}, 2380: {'etcd'}, 2479: {'mooncake_master', 'store'}})
     if h in groups['mooncake_master']:
-        want.update({50051: {'store'}, 9003: {'monitoring'}, 8080: {'store'}})
+        # 8080, the HTTP metadata server: off (auto) with HA masters or in P2P mode; _source_problems wants it dropped
+        want.update({50051: {'store'}, 9003: {'monitoring'}})
     if h in groups['mooncake_master'] + groups['vllm_prefill'] + groups['vllm_decode']:
         want.update({p: set(KV) for p in (15000, 16000, 17000, 18800)})
     for g in ('vllm_prefill', 'vllm_decode'):
@@ -318,7 +319,8 @@ def _source_problems(doc, h, inventory, store, table=None):
                 bad.append('%s:%s from %s (%s): %s, want %s' % (h, port, ip, ','.join(sorted(kind)), got, want))
         if table is not None:
             table.append('%-9s %-6s %-28s %s' % (h, port, ','.join(sorted(kinds)) or 'loopback', ' '.join(allowed)))
-    others = [5555] + ([18100 + 16 * len(hv[h]['vllm_instances'])] if h in groups['vllm_prefill'] else [])
+    others = [5555] + ([18100 + 16 * len(hv[h]['vllm_instances'])] if h in groups['vllm_prefill'] else []) \
+        + ([8080] if h in groups['mooncake_master'] else [])
     bad += ['%s:%s from %s: %s, want drop' % (h, p, ip, _verdict(doc, ip, p))
             for p in others for ip, _ in probes if _verdict(doc, ip, p) != 'drop']
     return bad

@@ -453,11 +453,14 @@ def test_master_http_metadata_server_only_where_an_instance_reads_it(p2p_or_stor
     assert (bf.host_cfg("m1", hv)["mooncake_master_http_metadata_port"] in ports) is expected
 
 
-def test_the_transfer_check_drops_root_with_unlimited_locked_memory():
+def test_the_transfer_check_drops_root_with_unlimited_locked_memory_for_rdma():
     end = {"ip": "10.0.0.1", "device": "mlx5_0"}
-    argv = bf.mooncake_check_argv(end, "serve", dict(_OPTS, run_as="mooncake-check"))
-    prefix = bf.run_as_argv("mooncake-check")
+    rdma = dict(_OPTS, protocol="rdma", run_as="mooncake-check")
+    argv = bf.mooncake_check_argv(end, "serve", rdma)
+    prefix = bf.run_as_argv("mooncake-check", True)
     assert argv[:len(prefix)] == prefix == ["prlimit", "--memlock=unlimited", "--", "setpriv", "--reuid=mooncake-check",
                                             "--regid=mooncake-check", "--init-groups", "--"]
-    assert argv[len(prefix):] == bf.mooncake_check_argv(end, "serve", _OPTS)
+    assert argv[len(prefix):] == bf.mooncake_check_argv(end, "serve", dict(rdma, run_as=""))
+    # tcp registers no memory: no prlimit (a container without CAP_SYS_RESOURCE could not raise it)
+    assert bf.mooncake_check_argv(end, "serve", dict(_OPTS, protocol="tcp", run_as="u"))[:2] == ["setpriv", "--reuid=u"]
     assert bf.run_as_argv("") == [] and bf.run_as_argv(None) == []

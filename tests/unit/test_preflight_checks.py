@@ -518,3 +518,17 @@ def test_packages_find_links_cases(url, expected):
     assert bool(text) == bool(expected)
     for sub in expected:
         assert sub in text
+
+
+def test_packages_find_links_knows_hosts_outside_a_limit():
+    """--limit gpu-d1: the other hosts have no settings here, but the wheelhouse host is still one of the inventory."""
+    groups = dict(GROUPS, etcd=["ctl-1", "ctl-2"])
+    hv = fleet(with_vars("gpu-p1", common_pip_find_links="http://10.0.0.12:8081/w/"))
+    for h in hv:
+        if h != "gpu-p1":
+            del hv[h]["_preflight_cfg"]
+    c = next(c for c in pc.CHECKS if c["id"] == "packages_find_links")
+    msgs = c["fn"](hv, groups, SPECS, "gpu-p1")
+    assert msgs == []
+    hv["gpu-p1"]["_preflight_cfg"]["common_pip_find_links"] = "http://10.9.9.9/w/"
+    assert "on gpu-p1: a plain-http" in " ".join(c["fn"](hv, groups, SPECS, "gpu-p1"))
