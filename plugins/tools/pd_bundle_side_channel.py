@@ -23,11 +23,7 @@ import os
 import sys
 
 
-try:
-    patch_on_import  # noqa: B018 - sitecustomize.py defines it above (pd_bundle_import_hook.py)
-except NameError:  # this file alone (its unit tests)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from pd_bundle_import_hook import patch_on_import
+# patch_on_import: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set it.
 
 ENV = "PD_BUNDLE_SIDE_CHANNEL_PORT"
 SPAN_ENV = "PD_BUNDLE_SIDE_CHANNEL_SPAN"

@@ -12,14 +12,9 @@ vLLM's scheduler retries on a later step, until the blocks are there or the wait
 the request goes on with whatever was found.
 """
 import os
-import sys
 import time
 
-try:
-    patch_on_import  # noqa: B018 - sitecustomize.py defines it above (pd_bundle_import_hook.py)
-except NameError:  # this file alone (its unit tests)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from pd_bundle_import_hook import patch_on_import
+# patch_on_import: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set it.
 
 WAIT_ENV = "PD_BUNDLE_STORE_LOOKUP_WAIT_MS"
 SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler"

@@ -8,6 +8,10 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "plugins" / "tools" / "pd_bundle_store_wait.py"
 spec = importlib.util.spec_from_file_location("pd_bundle_store_wait", SRC)
 sw = importlib.util.module_from_spec(spec)
+_hook_spec = importlib.util.spec_from_file_location("pd_bundle_import_hook", SRC.parent / "pd_bundle_import_hook.py")
+_hook = importlib.util.module_from_spec(_hook_spec)
+_hook_spec.loader.exec_module(_hook)
+sw.patch_on_import = _hook.patch_on_import  # sitecustomize.py concatenates the hook above the module
 spec.loader.exec_module(sw)
 sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "PatchOnImport"]
 
