@@ -119,8 +119,8 @@ print(json.dumps(out, sort_keys=True))
 # exact fault), names that host and says "Fix:". Task and host names do not count.
 CASES = [
     ("wrong_type_port", {"vllm_router_port": "80a"}, ('vllm_router_port="80a"', "is not an integer")),
-    ("wrong_type_bool", {"mooncake_master_http_metadata_server": "sometimes"},
-     ('mooncake_master_http_metadata_server="sometimes"', "is not a boolean")),
+    ("wrong_type_bool", {"mooncake_master_watchdog": "sometimes"},
+     ('mooncake_master_watchdog="sometimes"', "is not a boolean")),
     ("unknown_connector", {"vllm_kv_connector": "NixlConnector"},
      ('vllm_kv_connector="NixlConnector"', "is not one of")),
     ("unknown_protocol", {"mooncake_protocol": "roce"}, ('mooncake_protocol="roce"', "is not one of")),
