@@ -166,7 +166,8 @@ class Lab:
         return now["ActiveState"] == "active" and now["MainPID"] not in ("0", before["MainPID"])
 
     def vllm_serving(self, host, port):
-        out = http_get(host, f"http://127.0.0.1:{port}/v1/models", key_file=INSTANCE_KEY_FILE)
+        # the instance binds its address (roles/vllm: vllm_bind_host empty), not loopback
+        out = http_get(host, f"http://{ip_of(host)}:{port}/v1/models", key_file=INSTANCE_KEY_FILE)
         return out is not None and self.model in out
 
     def master_roles(self):

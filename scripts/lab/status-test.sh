@@ -37,13 +37,15 @@ status() {  # status NAME [ansible-playbook args...]; sets RC, prints the table
 }
 
 # /v1/models with the key the instance demands (VLLM_API_KEY of the vllm role's key file, read on the host;
-# curl takes the header from stdin, so the key is on no command line). No key file there: no header.
+# curl takes the header from stdin, so the key is on no command line). No key file there: no header. The
+# address is the one the instance binds (SERVE_BIND_HOST of its env file: its cluster address, not loopback).
 KEY_FILE=$("$VENV/bin/python" scripts/lab/labinv.py role-var vllm _vllm_api_key_file)
 serving() {
   docker exec "$HOST" sh -c 'k=$(sed -n "s/^VLLM_API_KEY=//p" "$2" 2>/dev/null)
-    url=http://127.0.0.1:$1/v1/models
+    ip=$(sed -n "s/^SERVE_BIND_HOST=//p" "/etc/vllm/$3.env")
+    url=http://${ip:-127.0.0.1}:$1/v1/models
     if [ -n "$k" ]; then printf "Authorization: Bearer %s\n" "$k" | curl -sf -m 10 -H @- "$url"; else curl -sf -m 10 "$url"; fi' \
-    _ "$PORT" "$KEY_FILE" >/dev/null 2>&1
+    _ "$PORT" "$KEY_FILE" "${UNIT#vllm@}" >/dev/null 2>&1
 }
 
 restore() {

@@ -176,6 +176,7 @@ def test_vllm_serving_sends_the_instance_key_read_on_its_host(tmp_path, monkeypa
         return subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True, timeout=timeout)
 
     monkeypatch.setattr(drills, "sh", local_sh)
+    monkeypatch.setattr(drills, "ip_of", lambda host: "127.0.0.1")  # the container's address: here, this machine
     key_file = tmp_path / "api-key.env"
     monkeypatch.setattr(drills, "INSTANCE_KEY_FILE", str(key_file))
     lab = drills.Lab.__new__(drills.Lab)
