@@ -91,6 +91,18 @@ def run_as_printed(argv, timeout=900):
 
 
 @pytest.fixture(scope='session')
+def prod_inventory():
+    """inventory/prod as Ansible resolves it (ansible-inventory --list, the TEST-ONLY vault password):
+    ({group: [hosts]}, {host: vars})."""
+    res = subprocess.run([ansible_bin('ansible-inventory'), '-i', str(REPO / 'inventory' / 'prod'), '--list'],
+                         cwd=REPO, capture_output=True, text=True, check=True,
+                         env=dict(os.environ, ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASS_TEST_ONLY)))
+    data = json.loads(res.stdout)
+    groups = {g: v.get('hosts', []) for g, v in data.items() if isinstance(v, dict) and g != '_meta'}
+    return groups, data['_meta']['hostvars']
+
+
+@pytest.fixture(scope='session')
 def prod_render():
     """inventory/prod rendered by README's render-mode line, run as printed (into the directory it names,
     emptied first): one full render serves the render tests and tests/render/test_readme_commands.py."""

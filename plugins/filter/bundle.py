@@ -17,6 +17,8 @@
 - vllm_endpoints:     every vLLM instance of a list of hosts as the fleet reaches it (host, name, ip, port,
   url, bootstrap_port, engine_id): the router's worker lists, preflight's address and router checks and
   the benchmark all read this one definition.
+- BUNDLE_GROUPS / host_roles: the inventory groups the bundle knows, and which of its roles a host runs
+  (the firewall, preflight, the monitoring targets and the infra tests read this one mapping).
 - host_listeners:     every TCP port a host's bundle services bind (port or range, the variable that sets
   it, why, and its sources: the named source classes allowed to connect): preflight's collision check and the
   firewall's rules both read it.
@@ -358,23 +360,48 @@ SOURCE_CLASSES = {
     'entry': 'the entry hosts (HAProxy)',
     'store_clients': 'the prefill/decode hosts that run a Mooncake store client: all of them in store mode '
                      '(MooncakeStoreConnector), else the two hosts of verify.yml\'s store round trip',
-    'monitoring': 'firewall_extra_sources (the Prometheus servers)',
+    'monitoring': 'the monitoring group\'s hosts (Prometheus) and firewall_extra_sources (your own Prometheus, Grafana)',
     # Never a bundle listener's: firewall_cluster_tcp_ports (the operator's services for the fleet).
     'cluster': 'every bundle host',
 }
 STORE_CONNECTOR = 'MooncakeStoreConnector'
 
+# The inventory groups of the bundle, each with the role key host_roles gives its hosts.
+BUNDLE_GROUPS = {'etcd': 'etcd', 'mooncake_master': 'master', 'vllm_prefill': 'prefill', 'vllm_decode': 'decode',
+                 'vllm_router': 'router', 'entry': 'entry', 'monitoring': 'monitoring'}
+
+
+def bundle_hosts(groups):
+    """Every host of the bundle's groups, once, in group order (the firewall's 'cluster', the node exporters)."""
+    out = []
+    for g in BUNDLE_GROUPS:
+        out += [h for h in (groups or {}).get(g) or [] if h not in out]
+    return out
+
+
+def host_roles(host, groups):
+    """Which of the bundle's roles host runs, from the inventory groups: one key per BUNDLE_GROUPS role, and
+    vllm (prefill or decode), engine (vllm or master), behind_entry (the inventory has an entry group: the
+    routers' client port is for the entry hosts only), node_exporter (the inventory has a monitoring group and
+    host is a bundle host: it runs prometheus-node-exporter)."""
+    groups = groups or {}
+    r = {role: host in (groups.get(g) or []) for g, role in BUNDLE_GROUPS.items()}
+    r['vllm'] = r['prefill'] or r['decode']
+    r['engine'] = r['vllm'] or r['master']
+    r['behind_entry'] = bool(groups.get('entry'))
+    r['node_exporter'] = bool(groups.get('monitoring')) and any(r[role] for role in BUNDLE_GROUPS.values())
+    return r
+
 
 def host_listeners(cfg, roles):
-    """The TCP listeners of one host, from its effective settings cfg and roles {etcd, master, prefill,
-    decode, router, entry} (booleans) and behind_entry (the inventory has an entry group: then the router's
-    client port is for the entry hosts only). Each: {port, last (a range's end, else None), spec ('8100' or
+    """The TCP listeners of one host, from its effective settings cfg and roles (host_roles; the firewall adds
+    http_metadata: master_http_metadata). Each: {port, last (a range's end, else None), spec ('8100' or
     '18100-18103', as nft writes it), vars (one label per port: the variable that sets it), why,
     sources (the SOURCE_CLASSES allowed to connect; [] = loopback only, ['any'] = everyone),
     public (sources == ['any']), entry_only (sources == ['entry']), engine_range (the transfer engine's
     random-port range)}.
     In the firewall's rule order: etcd, master, engine range and check port, vLLM instances,
-    side channels, router, entry."""
+    side channels, router, entry, monitoring, node exporter."""
     out = []
 
     def add(port, labels, why, sources, last=None, engine_range=False):
@@ -394,6 +421,8 @@ def host_listeners(cfg, roles):
         # With TLS only members hold the client certificate; without it Mooncake's clients use this port too.
         add(cfg.get('etcd_client_port'), ['etcd_client_port'], 'etcd client', ['etcd'] if tls else ['etcd', 'master', 'store_clients'])
         add(cfg.get('etcd_peer_port'), ['etcd_peer_port'], 'etcd peer', ['etcd'])
+        # /metrics and /health apart from the API (ETCD_LISTEN_METRICS_URLS, TLS like the client port).
+        add(cfg.get('etcd_metrics_port'), ['etcd_metrics_port'], 'etcd metrics/health', ['monitoring'])
         plain = cfg.get('etcd_mooncake_client_port')
         if tls and plain is not None and str(plain) != '':
             add(plain, ['etcd_mooncake_client_port'], 'etcd plain client listener for Mooncake', ['master', 'store_clients'])
@@ -439,6 +468,12 @@ def host_listeners(cfg, roles):
     if roles.get('entry'):
         add(cfg.get('entry_port'), ['entry_port'], 'entry HTTPS (HAProxy)', ['any'])
         add(cfg.get('entry_check_port'), ['entry_check_port'], 'entry local health (HAProxy, loopback)', [])
+    if roles.get('monitoring'):
+        # The other monitoring hosts and firewall_extra_sources (your Grafana, your browser's network).
+        add(cfg.get('monitoring_prometheus_port'), ['monitoring_prometheus_port'], 'Prometheus (UI, API)', ['monitoring'])
+        add(cfg.get('monitoring_alertmanager_port'), ['monitoring_alertmanager_port'], 'Alertmanager', ['monitoring'])
+    if roles.get('node_exporter'):
+        add(cfg.get('monitoring_node_exporter_port'), ['monitoring_node_exporter_port'], 'node exporter', ['monitoring'])
     return out
 
 
@@ -468,8 +503,7 @@ def firewall_source_classes(groups, hostvars, extra_sources=None):
                     seen.append(a)
         return seen
 
-    g = {k: list(groups.get(k) or []) for k in ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode',
-                                                 'vllm_router', 'entry')}
+    g = {k: list(groups.get(k) or []) for k in BUNDLE_GROUPS}
     if store_mode(groups, hostvars):
         store = g['vllm_prefill'] + g['vllm_decode']
     elif g['mooncake_master']:
@@ -478,8 +512,9 @@ def firewall_source_classes(groups, hostvars, extra_sources=None):
         store = []
     classes = {'etcd': ips(g['etcd']), 'master': ips(g['mooncake_master']), 'prefill': ips(g['vllm_prefill']),
                'decode': ips(g['vllm_decode']), 'router': ips(g['vllm_router']), 'entry': ips(g['entry']),
-               'store_clients': ips(store), 'monitoring': [str(s) for s in extra_sources or []]}
-    classes['cluster'] = ips([h for k in g for h in g[k]])
+               'store_clients': ips(store),
+               'monitoring': ips(g['monitoring']) + [str(s) for s in extra_sources or [] if str(s) not in ips(g['monitoring'])]}
+    classes['cluster'] = ips(bundle_hosts(g))
     return classes
 
 
@@ -725,6 +760,8 @@ class FilterModule(object):
             'bundle_master_local_url': master_local_url,
             'bundle_vllm_stale_instances': vllm_stale_instances,
             'bundle_host_listeners': host_listeners,
+            'bundle_host_roles': host_roles,
+            'bundle_hosts': bundle_hosts,
             'bundle_firewall_source_classes': firewall_source_classes,
             'bundle_firewall_plan': firewall_plan,
             'bundle_listener_port_table': listener_port_table,

@@ -48,10 +48,12 @@ VERSION_RE = r'^[0-9]+(\.[0-9]+)*([.a-z0-9+-]*)$'
 PORT_VARS = {
     'vllm': ['vllm_default_bootstrap_port', 'vllm_side_channel_port_base', 'mooncake_rpc_port_min', 'mooncake_rpc_port_max'],
     'engine': ['mooncake_check_port'],
-    'etcd': ['etcd_client_port', 'etcd_peer_port'],
+    'etcd': ['etcd_client_port', 'etcd_peer_port', 'etcd_metrics_port'],
     'master': ['mooncake_master_rpc_port', 'mooncake_master_metrics_port', 'mooncake_master_http_metadata_port'],
     'router': ['vllm_router_port', 'vllm_router_prometheus_port'],
     'entry': ['entry_port', 'entry_check_port'],
+    'monitoring': ['monitoring_prometheus_port', 'monitoring_alertmanager_port'],
+    'node_exporter': ['monitoring_node_exporter_port'],
 }
 
 CHECKS = []
@@ -85,15 +87,8 @@ def _truthy(value, default=False):
 
 
 def _roles(host, groups):
-    """Which of the bundle's roles host runs, from the inventory groups."""
-    def member(group):
-        return host in ((groups or {}).get(group) or [])
-    r = {'prefill': member('vllm_prefill'), 'decode': member('vllm_decode'), 'router': member('vllm_router'),
-         'etcd': member('etcd'), 'master': member('mooncake_master'), 'entry': member('entry')}
-    r['behind_entry'] = bool((groups or {}).get('entry'))
-    r['vllm'] = r['prefill'] or r['decode']
-    r['engine'] = r['vllm'] or r['master']
-    return r
+    """Which of the bundle's roles host runs (bundle_host_roles)."""
+    return _bundle.host_roles(host, groups)
 
 
 def _option(specs, var, role=None):
@@ -664,7 +659,7 @@ def instances_optional_keys(cfg, host, groups, specs):
 @check('ports')
 def ports_are_ports(cfg, host, groups, specs):
     r = _roles(host, groups)
-    names = [v for role in ('vllm', 'engine', 'etcd', 'master', 'router', 'entry') if r[role] for v in PORT_VARS[role]]
+    names = [v for role in PORT_VARS if r[role] for v in PORT_VARS[role]]
     if r['etcd'] and _truthy(cfg.get('etcd_tls_enabled'), False):
         names.append('etcd_mooncake_client_port')
     seen, out = set(), []
@@ -1348,9 +1343,6 @@ def sandbox_read_only(cfg, host, groups, specs):
 
 # --- addresses: every cluster member at a distinct, usable address ---------------------------------------------
 
-_BUNDLE_GROUPS = ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router', 'entry')
-
-
 def _address(hostvars, h):
     """(address, the variable it came from) as bundle_host_ip takes it."""
     hv = hostvars[h]
@@ -1381,7 +1373,7 @@ def _unusable(ip):
 @check('addresses', scope='fleet')
 def addresses_usable(hostvars, groups, specs, host):
     """Every bundle host's cluster address (bundle_host_ip) is an IP the others can reach."""
-    hosts = sorted({h for g in _BUNDLE_GROUPS for h in groups.get(g) or []})
+    hosts = sorted(_bundle.bundle_hosts(groups))
     out = []
     for h, _ in _cfgs(hostvars, hosts):
         ip, source = _address(hostvars, h)
@@ -1396,7 +1388,7 @@ def addresses_usable(hostvars, groups, specs, host):
 @check('addresses', scope='fleet')
 def addresses_distinct(hostvars, groups, specs, host):
     """No two bundle hosts, and no instance host_ip of another host, at the same address."""
-    hosts = sorted({h for g in _BUNDLE_GROUPS for h in groups.get(g) or []})
+    hosts = sorted(_bundle.bundle_hosts(groups))
     owners = {}
     for h, _ in _cfgs(hostvars, hosts):
         ip, source = _address(hostvars, h)
@@ -1609,3 +1601,59 @@ class FilterModule(object):
             'preflight_host_errors': host_errors,
             'preflight_fleet_errors': fleet_errors,
         }
+
+
+# --- monitoring: the monitoring group's Prometheus, its alert thresholds and Grafana -------------------------------
+
+PROM_DURATION_RE = r'^([0-9]+(ms|s|m|h|d|w|y))+$'
+# name: (low, high, low inclusive, why)
+MONITORING_RANGES = {
+    'monitoring_ttft_p99_slo_seconds': (0, None, False, 'seconds, above 0'),
+    'monitoring_kv_transfer_share_min': (0, 1, False, 'a share above 0 and at most 1 (0.9 = 90 %)'),
+    'monitoring_recompute_share_max': (0, 1, True, 'a share from 0 to 1 (0.1 = 10 %)'),
+    'monitoring_master_leader_changes_max': (0, None, True, 'a count, 0 or more'),
+}
+
+
+@check('monitoring')
+def monitoring_settings(cfg, host, groups, specs):
+    """On a monitoring host: alert thresholds in range, Prometheus durations, absolute paths, three distinct
+    ports. Their types are the spec's."""
+    if not _roles(host, groups)['monitoring']:
+        return []
+    out = []
+    for var, (low, high, low_ok, why) in MONITORING_RANGES.items():
+        v = cfg.get(var)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue  # the spec refuses another type
+        if v < low or (v == low and not low_ok) or (high is not None and v > high):
+            out.append('%s=%s on %s is out of range. Fix: %s (default %s).'
+                       % (var, _j(v), host, why, _option(specs, var, 'monitoring').get('default')))
+    for var in ('monitoring_scrape_interval', 'monitoring_retention', 'monitoring_down_for'):
+        v = cfg.get(var)
+        if isinstance(v, str) and not re.match(PROM_DURATION_RE, v):
+            out.append('%s=%s on %s is not a Prometheus duration. Fix: e.g. %s (digits and a unit: ms, s, m, h, d, w, y).'
+                       % (var, _j(v), host, _option(specs, var, 'monitoring').get('default')))
+    for var in ('monitoring_rules_dir', 'monitoring_etcd_client_dir', 'monitoring_node_exporter_textfile_dir'):
+        v = cfg.get(var)
+        if isinstance(v, str) and not v.startswith('/'):
+            out.append('%s=%s on %s is not an absolute path. Fix: e.g. %s.' % (var, _j(v), host,
+                                                                              _option(specs, var, 'monitoring').get('default')))
+    return out
+
+
+@check('monitoring')
+def monitoring_grafana(cfg, host, groups, specs):
+    """A Grafana to provision: an http(s) URL, and a token only with a URL (a token alone would be silently unused)."""
+    if not _roles(host, groups)['monitoring']:
+        return []
+    url, token = cfg.get('monitoring_grafana_url') or '', cfg.get('monitoring_grafana_token') or ''
+    if not isinstance(url, str) or not isinstance(token, str):
+        return []
+    if url and not re.match(r'^https?://[^/\s]+', url):
+        return ['monitoring_grafana_url=%s on %s is not an http(s) URL. Fix: your Grafana\'s base URL, e.g. '
+                'https://grafana.example.com (or "" for none).' % (_j(url), host)]
+    if token and not url:
+        return ['monitoring_grafana_token is set on %s (value not shown) but monitoring_grafana_url is empty: the '
+                'dashboard would not be provisioned. Fix: set monitoring_grafana_url, or remove the token.' % host]
+    return []

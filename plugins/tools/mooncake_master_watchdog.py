@@ -10,9 +10,15 @@ lease; the view expires and the masters elect again.
 
 Stuck = /health answers role standby and leader_address is this master's own RPC address, for
 --stuck-seconds in a row. Then `systemctl restart <unit>`, and no second restart for --grace seconds.
+
+--textfile PATH: each sample also writes pd_mooncake_master_leader (1 = /health says role leader, else 0) for the
+node exporter's textfile collector, and 0 when the watchdog stops (it stops with its master): the masters export
+no leader metric of their own, and the monitoring role's leader-change alert counts this gauge's changes.
 """
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -45,6 +51,21 @@ class Watch:
         return True
 
 
+LEADER_METRIC = ('# HELP pd_mooncake_master_leader 1 when this Mooncake master leads (its /health role), else 0.\n'
+                 '# TYPE pd_mooncake_master_leader gauge\npd_mooncake_master_leader %d\n')
+
+
+def write_leader(path, health):
+    """The leader gauge into path, atomically (the collector never reads half a file)."""
+    leader = isinstance(health, dict) and health.get('role') == 'leader'
+    tmp = '%s.%d.tmp' % (path, os.getpid())
+    with open(tmp, 'w') as f:
+        f.write(LEADER_METRIC % leader)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return leader
+
+
 def fetch(url, timeout):
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -61,11 +82,22 @@ def main(argv=None):
     ap.add_argument('--interval', type=float, default=5)
     ap.add_argument('--stuck-seconds', type=float, default=30)
     ap.add_argument('--grace', type=float, default=60, help='no second restart within this many seconds')
+    ap.add_argument('--textfile', help='write pd_mooncake_master_leader here (the node exporter textfile collector)')
     a = ap.parse_args(argv)
     watch = Watch(a.self_addr, a.stuck_seconds, a.grace)
     print('watching %s for a stuck election on %s' % (a.health_url, a.self_addr), flush=True)
+    if a.textfile:
+        def stop(signum, frame):
+            write_leader(a.textfile, None)  # stopped with its master: not the leader
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
     while True:
         health = fetch(a.health_url, timeout=min(a.interval, 5))
+        if a.textfile:
+            try:
+                write_leader(a.textfile, health)
+            except OSError as e:  # the collector's directory is gone: keep watching the election
+                print('cannot write %s: %s' % (a.textfile, e), flush=True)
         if watch.step(health, time.monotonic()):
             print('stuck for %ss: role standby while the view names this master (%s); restarting %s'
                   % (a.stuck_seconds, health, a.unit), flush=True)

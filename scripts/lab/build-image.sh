@@ -26,9 +26,11 @@ PACKAGES=(
   etcd-server etcd-client openssl
   # the entry (roles/entry): HAProxy and keepalived from Debian; their units stay as Debian ships them
   haproxy keepalived
+  # roles/monitoring: Prometheus, Alertmanager and the node exporter from Debian (units disabled below)
+  prometheus prometheus-alertmanager prometheus-node-exporter
 )
 # Bump when the hooks below change, so existing images get rebuilt.
-IMAGE_RECIPE=3
+IMAGE_RECIPE=4
 pkg_list=$(IFS=,; echo "${PACKAGES[*]}")
 sha=$(printf '%s|%s|%s|%s\n' "$SUITE" "$MIRROR" "$pkg_list" "$IMAGE_RECIPE" | sha256sum | cut -c1-16)
 
@@ -51,13 +53,13 @@ start=$(date +%s)
 # Customize hooks (run on the finished tree, outside of it):
 #  - no getty / udev-triggered units inside containers,
 #  - an empty machine-id so each container gets its own,
-#  - etcd.service, haproxy.service and keepalived.service of the Debian packages disabled (they would start
+#  - etcd, haproxy, keepalived and the prometheus units of the Debian packages disabled (they would start
 #    with Debian's default configs in every container; the roles enable them where they run),
 #  - apt sources with updates and security, over http (the lab's proxy CA is not trusted in the image).
 mmdebstrap --variant=minbase --mode=root --format=tar \
   --include="$pkg_list" \
   --customize-hook='chroot "$1" systemctl mask getty@tty1.service console-getty.service systemd-firstboot.service >/dev/null 2>&1 || true' \
-  --customize-hook='chroot "$1" systemctl disable etcd.service haproxy.service keepalived.service >/dev/null 2>&1 || true' \
+  --customize-hook='chroot "$1" systemctl disable etcd.service haproxy.service keepalived.service prometheus.service prometheus-alertmanager.service prometheus-node-exporter.service >/dev/null 2>&1 || true' \
   --customize-hook="printf 'deb %s %s main\ndeb %s %s-updates main\ndeb %s-security %s-security main\n' '$MIRROR' '$SUITE' '$MIRROR' '$SUITE' '$MIRROR' '$SUITE' > \"\$1\"/etc/apt/sources.list" \
   --customize-hook='rm -f "$1"/etc/machine-id "$1"/var/lib/dbus/machine-id; : > "$1"/etc/machine-id' \
   --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \

@@ -29,7 +29,8 @@ UNIT = 'pd-bundle-firewall.service'
 PORT_DEFAULTS = role_defaults(
     'etcd_client_port', 'etcd_peer_port', 'mooncake_master_rpc_port', 'mooncake_master_metrics_port',
     'mooncake_master_http_metadata_port', 'vllm_default_bootstrap_port', 'vllm_router_port',
-    'vllm_router_prometheus_port', 'entry_port', 'etcd_tls_enabled',
+    'vllm_router_prometheus_port', 'entry_port', 'etcd_tls_enabled', 'etcd_metrics_port',
+    'monitoring_prometheus_port', 'monitoring_alertmanager_port', 'monitoring_node_exporter_port',
 )
 KV = {'vllm_prefill', 'vllm_decode'}
 STORE_CONNECTOR = 'MooncakeStoreConnector'
@@ -85,7 +86,8 @@ def protected_ports(host):
         tls = str(v.get('etcd_tls_enabled')).lower() in ('true', '1', 'yes', 'on')
         # Without TLS, Mooncake's etcd clients use the client port; with it, only members (the client certificate).
         ports += [(v['etcd_client_port'], 'etcd client', {'etcd'} if tls else {'etcd', 'mooncake_master', 'store'}),
-                  (v['etcd_peer_port'], 'etcd peer', {'etcd'})]
+                  (v['etcd_peer_port'], 'etcd peer', {'etcd'}),
+                  (v['etcd_metrics_port'], 'etcd metrics', {'monitoring'})]
         # etcd's plain listener for Mooncake (only while etcd TLS is on; probed only where it listens).
         ports.append((v.get('etcd_mooncake_client_port', 2479), 'etcd plain client for Mooncake', {'mooncake_master', 'store'}))
     if in_group(host, 'mooncake_master'):
@@ -103,6 +105,11 @@ def protected_ports(host):
                               KV | {'vllm_router'}))
     if in_group(host, 'vllm_router'):
         ports.append((v['vllm_router_prometheus_port'], 'router Prometheus', {'monitoring'}))
+    if in_group(host, 'monitoring'):
+        ports += [(v['monitoring_prometheus_port'], 'Prometheus', {'monitoring'}),
+                  (v['monitoring_alertmanager_port'], 'Alertmanager', {'monitoring'})]
+    if groups(host).get('monitoring'):  # a node exporter on every bundle host
+        ports.append((v['monitoring_node_exporter_port'], 'node exporter', {'monitoring'}))
     return [(int(p), what, allowed) for p, what, allowed in ports]
 
 
@@ -226,8 +233,8 @@ def test_each_port_admits_its_sources_only(host, request):
     ports = listening(host, protected_ports(host))
     me = hvars(host)['inventory_hostname']
     g = groups(host)
-    peers = sorted({h for grp in ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router', 'entry')
-                    for h in g.get(grp, []) if h != me})
+    peers = sorted({h for grp in ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router', 'entry',
+                                  'monitoring') for h in g.get(grp, []) if h != me})
     if not ports or not peers:
         pytest.skip('no listening protected port or no other bundle host')
     ip = cfg(host)['common_host_ip']
@@ -275,9 +282,9 @@ def test_outsider_is_refused(host, outsider):
 
 
 def test_monitoring_reaches_the_metrics_ports_only(host, monitor):
-    """From a firewall_extra_sources address: the ports that name monitoring connect (master metrics, router
-    Prometheus, the vLLM API's /metrics), and every other cluster port, etcd's plain listener for Mooncake
-    included, does not."""
+    """From a firewall_extra_sources address: the ports that name monitoring connect (etcd's metrics listener, master
+    metrics, router Prometheus, the vLLM API's /metrics, node exporters, Prometheus and Alertmanager), and every
+    other cluster port, etcd's client port and its plain listener for Mooncake included, does not."""
     if not enabled(host):
         pytest.skip('firewall_enabled is false for this host')
     if isinstance(monitor, NoOutsider):

@@ -60,10 +60,7 @@ def listener_table(host):
     firewall and preflight read."""
     v = hvars(host)
     name = v['inventory_hostname']
-    g = groups(host)
-    roles = {'etcd': in_group(host, 'etcd'), 'master': in_group(host, 'mooncake_master'),
-             'prefill': in_group(host, 'vllm_prefill'), 'decode': in_group(host, 'vllm_decode'),
-             'router': in_group(host, 'vllm_router'), 'entry': in_group(host, 'entry'), 'behind_entry': bool(g.get('entry'))}
+    roles = BUNDLE.host_roles(name, groups(host))
     out = []
     for ls in BUNDLE.host_listeners(BUNDLE.host_cfg(name, {name: v}), roles):
         out.append((int(ls['port']), int(ls['last'] if ls['last'] is not None else ls['port']), ls))

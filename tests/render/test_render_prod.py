@@ -19,13 +19,8 @@ EXPOSURE_MAX = {'default': 4.5, 'vllm@.service': 6.0, 'pd-bundle-firewall.servic
 
 
 @pytest.fixture(scope='module')
-def inventory():
-    res = subprocess.run([ansible_bin('ansible-inventory'), '-i', str(REPO / 'inventory' / 'prod'), '--list'],
-                         cwd=REPO, capture_output=True, text=True, check=True,
-                         env=dict(os.environ, ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASS_TEST_ONLY)))
-    data = json.loads(res.stdout)
-    groups = {g: v.get('hosts', []) for g, v in data.items() if isinstance(v, dict)}
-    return groups, data['_meta']['hostvars']
+def inventory(prod_inventory):
+    return prod_inventory
 
 
 def instances(inventory, group):
@@ -221,7 +216,7 @@ def _in(port, elems):
                ((e['range'][0], e['range'][1]) if isinstance(e, dict) else (e, e) for e in elems or []))
 
 
-BUNDLE_GROUPS = ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router', 'entry')
+BUNDLE_GROUPS = ('etcd', 'mooncake_master', 'vllm_prefill', 'vllm_decode', 'vllm_router', 'entry', 'monitoring')
 MONITORING_IP, OUTSIDER_IP = '10.10.9.77', '10.10.2.5'  # in / outside inventory/prod's firewall_extra_sources
 KV = {'vllm_prefill', 'vllm_decode'}
 
@@ -269,11 +264,15 @@ def _verdict(doc, saddr, dport):
 
 def _want_sources(h, groups, hv):
     """{port: the source kinds allowed} of host h, written out from the issue's table (not from bundle.py): a
-    group name, 'store' (store clients), 'monitoring' (firewall_extra_sources), 'cluster' (every bundle host),
-    'any'; an empty set is loopback only."""
+    group name, 'store' (store clients), 'monitoring' (the monitoring group and firewall_extra_sources), 'cluster'
+    (every bundle host), 'any'; an empty set is loopback only."""
     want = {22: {'any'}}  # firewall_public_tcp_ports, open with firewall_default_drop
+    if groups.get('monitoring'):  # a node exporter on every bundle host
+        want[9100] = {'monitoring'}
+    if h in groups.get('monitoring', []):  # Prometheus, Alertmanager
+        want.update({9090: {'monitoring'}, 9093: {'monitoring'}})
     if h in groups['etcd']:
-        want.update({2379: {'etcd'}, 2380: {'etcd'}, 2479: {'mooncake_master', 'store'}})
+        want.update({2379: {'etcd'}, 2380: {'etcd'}, 2381: {'monitoring'}, 2479: {'mooncake_master', 'store'}})
     if h in groups['mooncake_master']:
         # 8080, the HTTP metadata server: off (auto) with HA masters or in P2P mode; _source_problems wants it dropped
         want.update({50051: {'store'}, 9003: {'monitoring'}})
@@ -389,11 +388,13 @@ def test_firewall_proof_catches_a_wrong_source(prod_render, inventory, tmp_path)
     groups, _ = inventory
     h = groups['etcd'][0]
     text = (prod_render / h / 'etc/pd-bundle/firewall.nft').read_text()
-    assert text.count('elements = { 9003 }') == 1, 'the monitoring class of %s changed shape' % h
+    assert text.count('elements = { 2381, 9003, 9100 }') == 1, 'the monitoring class of %s changed shape' % h
     wrong = tmp_path / 'wrong.nft'
-    wrong.write_text(text.replace('elements = { 9003 }', 'elements = { 9003, 2479 }'))
+    wrong.write_text(text.replace('elements = { 2381, 9003, 9100 }', 'elements = { 2381, 9003, 9100, 2479 }'))
     bad = _source_problems(_load_ruleset(wrong), h, inventory, _p2p_store_clients(inventory))
-    assert bad == ['%s:2479 from %s (monitoring): accept, want reject' % (h, MONITORING_IP)], bad
+    mon = groups['monitoring'][0]
+    assert bad == ['%s:2479 from %s (cluster,monitoring): accept, want reject' % (h, inventory[1][mon]['ansible_host']),
+                   '%s:2479 from %s (monitoring): accept, want reject' % (h, MONITORING_IP)], bad
 
 
 MANIFEST = REPO / 'tests' / 'render' / 'prod-render.sha256'

@@ -243,7 +243,7 @@ def test_router_argv():
     assert argv[argv.index("--request-timeout-secs") + 1] == "600" and argv[-2:] == ["--log-level", "debug"]
 
 
-_LISTEN_CFG = {"etcd_client_port": 2379, "etcd_peer_port": 2380, "etcd_mooncake_client_port": 2479, "etcd_tls_enabled": True,
+_LISTEN_CFG = {"etcd_client_port": 2379, "etcd_peer_port": 2380, "etcd_metrics_port": 2381, "etcd_mooncake_client_port": 2479, "etcd_tls_enabled": True,
                "mooncake_master_rpc_port": 50051, "mooncake_master_metrics_port": 9003,
                "mooncake_master_http_metadata_server": True, "mooncake_master_http_metadata_port": 8080,
                "mooncake_rpc_port_min": 15000, "mooncake_rpc_port_max": 17000, "mooncake_check_port": 18800,
@@ -256,7 +256,7 @@ _LISTEN_CFG = {"etcd_client_port": 2379, "etcd_peer_port": 2380, "etcd_mooncake_
 def test_host_listeners_one_table_for_firewall_and_preflight():
     ls = bf.host_listeners(_LISTEN_CFG, {"etcd": True, "master": True, "prefill": True, "router": True})
     specs = [e["spec"] for e in ls]
-    assert specs == ["2379", "2380", "2479", "50051", "9003", "8080", "15000-17000", "18800", "8100", "8998", "8101", "8999",
+    assert specs == ["2379", "2380", "2381", "2479", "50051", "9003", "8080", "15000-17000", "18800", "8100", "8998", "8101", "8999",
                      "18100-18101", "18116", "8000", "29000"]
     assert [e["spec"] for e in ls if e["public"]] == ["8000"]
     table = bf.listener_port_table(ls)
@@ -265,13 +265,13 @@ def test_host_listeners_one_table_for_firewall_and_preflight():
     assert [18101, "vllm_instances[p0].side_channel_port + 1 (vllm_side_channel_port_base)"] in table
     # A decode host: no bootstrap or side-channel ports; no plain etcd listener without etcd TLS.
     ls = bf.host_listeners(dict(_LISTEN_CFG, etcd_tls_enabled=False), {"etcd": True, "decode": True})
-    assert [e["spec"] for e in ls] == ["2379", "2380", "15000-17000", "18800", "8100", "8101"]
+    assert [e["spec"] for e in ls] == ["2379", "2380", "2381", "15000-17000", "18800", "8100", "8101"]
 
 
 # Who may connect to each port, written out here (not read from bundle.py): metrics ports take monitoring,
 # the API the routers, KV ports the prefill/decode hosts, etcd's plain listener Mooncake's etcd clients only.
 WANT_SOURCES = {
-    "2379": ["etcd"], "2380": ["etcd"], "2479": ["master", "store_clients"],
+    "2379": ["etcd"], "2380": ["etcd"], "2381": ["monitoring"], "2479": ["master", "store_clients"],
     "50051": ["store_clients"], "9003": ["monitoring"], "8080": ["store_clients"],
     "15000-17000": ["prefill", "decode"], "18800": ["prefill", "decode"],
     "8100": ["router", "monitoring"], "8101": ["router", "monitoring"],
@@ -290,8 +290,9 @@ def test_host_listeners_sources_per_port():
     ls = bf.host_listeners(_LISTEN_CFG, {"etcd": True, "master": True, "prefill": True, "router": True})
     assert source_problems(ls, WANT_SOURCES) == []
     assert all(set(e["sources"]) <= set(bf.SOURCE_CLASSES) for e in ls)
-    # Monitoring reaches the metrics ports only: the master's, the router's and the instances' (/metrics).
-    assert [e["spec"] for e in ls if "monitoring" in e["sources"]] == ["9003", "8100", "8101", "29000"]
+    # Monitoring reaches the metrics ports only: etcd's metrics listener, the master's, the router's and the
+    # instances' (/metrics).
+    assert [e["spec"] for e in ls if "monitoring" in e["sources"]] == ["2381", "9003", "8100", "8101", "29000"]
     assert [e["spec"] for e in ls if "any" in e["sources"]] == [e["spec"] for e in ls if e["public"]] == ["8000"]
 
 
@@ -312,7 +313,8 @@ def test_a_wrong_source_is_caught():
 def test_host_listeners_sources_follow_etcd_tls_and_the_entry():
     # Without etcd TLS Mooncake's etcd clients use the client port (there is no plain listener).
     ls = bf.host_listeners(dict(_LISTEN_CFG, etcd_tls_enabled=False), {"etcd": True})
-    assert [(e["spec"], e["sources"]) for e in ls] == [("2379", ["etcd", "master", "store_clients"]), ("2380", ["etcd"])]
+    assert [(e["spec"], e["sources"]) for e in ls] == [("2379", ["etcd", "master", "store_clients"]), ("2380", ["etcd"]),
+                                                   ("2381", ["monitoring"])]
     # Behind an entry the router's client port takes the entry hosts only; the entry's check port is loopback only.
     ls = bf.host_listeners(_LISTEN_CFG, {"router": True, "behind_entry": True})
     assert [(e["spec"], e["sources"], e["entry_only"], e["public"]) for e in ls] == [
@@ -352,7 +354,7 @@ def test_firewall_plan_groups_ports_by_class():
     assert [p["spec"] for p in plan["protected"]] == [e["spec"] for e in ls if e["spec"] != "8000"] + ["8081"]
     by = {c["name"]: c for c in plan["classes"]}
     assert list(by) == ["etcd", "master", "prefill", "decode", "router", "store_clients", "monitoring", "cluster"]
-    assert by["monitoring"]["ports"] == ["9003", "8100", "8101", "29000"]
+    assert by["monitoring"]["ports"] == ["2381", "9003", "8100", "8101", "29000"]
     assert (by["monitoring"]["v4"], by["monitoring"]["v6"]) == (["10.10.9.0/24"], ["fd00::/64"])
     assert by["master"]["ports"] == ["2479"] and by["store_clients"]["ports"] == ["2479", "50051", "8080"]
     assert by["cluster"] == {"name": "cluster", "ports": ["8081"], "v4": classes["cluster"], "v6": []}
@@ -464,3 +466,29 @@ def test_the_transfer_check_drops_root_with_unlimited_locked_memory_for_rdma():
     # tcp registers no memory: no prlimit (a container without CAP_SYS_RESOURCE could not raise it)
     assert bf.mooncake_check_argv(end, "serve", dict(_OPTS, protocol="tcp", run_as="u"))[:2] == ["setpriv", "--reuid=u"]
     assert bf.run_as_argv("") == [] and bf.run_as_argv(None) == []
+
+
+def test_host_roles_and_bundle_hosts_with_a_monitoring_group():
+    """One mapping of groups to roles: node exporters run on every bundle host only when there is a monitoring
+    group; the monitoring hosts get Prometheus' and Alertmanager's listeners, the others the node exporter's only."""
+    groups = {'etcd': ['e1', 'e2'], 'mooncake_master': ['e1'], 'vllm_prefill': ['p1'], 'vllm_decode': ['d1'],
+              'monitoring': ['m1'], 'ungrouped': ['x']}
+    assert bf.bundle_hosts(groups) == ['e1', 'e2', 'p1', 'd1', 'm1']
+    r = bf.host_roles('e1', groups)
+    assert (r['etcd'], r['master'], r['engine'], r['vllm'], r['node_exporter'], r['monitoring']) == (True, True, True, False, True, False)
+    assert bf.host_roles('x', groups)['node_exporter'] is False  # not a bundle host
+    assert bf.host_roles('e1', dict(groups, monitoring=[]))['node_exporter'] is False
+    cfg = {'monitoring_prometheus_port': 9090, 'monitoring_alertmanager_port': 9093, 'monitoring_node_exporter_port': 9100}
+    ports = {e['vars'][0]: e['sources'] for e in bf.host_listeners(cfg, bf.host_roles('m1', groups))}
+    assert ports == {'monitoring_prometheus_port': ['monitoring'], 'monitoring_alertmanager_port': ['monitoring'],
+                     'monitoring_node_exporter_port': ['monitoring']}
+    decode = [e['vars'][0] for e in bf.host_listeners(cfg, bf.host_roles('d1', groups)) if 'monitoring' in e['vars'][0]]
+    assert decode == ['monitoring_node_exporter_port']
+
+
+def test_monitoring_class_is_the_monitoring_hosts_and_the_extra_sources():
+    groups = {'etcd': ['e1'], 'monitoring': ['m1']}
+    hv = {'e1': {'ansible_host': '10.0.0.1'}, 'm1': {'ansible_host': '10.0.0.9'}}
+    classes = bf.firewall_source_classes(groups, hv, ['10.9.0.0/24', '10.0.0.9'])
+    assert classes['monitoring'] == ['10.0.0.9', '10.9.0.0/24']
+    assert classes['cluster'] == ['10.0.0.1', '10.0.0.9']

@@ -31,3 +31,15 @@ def test_a_recovery_resets_the_clock():
     w.step(STUCK, 0)
     w.step(dict(STUCK, role='leader'), 20)
     assert w.step(STUCK, 40) is False and w.step(STUCK, 69) is False and w.step(STUCK, 70) is True
+
+
+def test_leader_gauge_for_the_textfile_collector(tmp_path):
+    """1 only when /health says leader; 0 for standby and for no answer (down, or the watchdog stopping)."""
+    path = tmp_path / 'pd_mooncake_master.prom'
+    for health, want in ((dict(STUCK, role='leader'), 1), (STUCK, 0), (None, 0)):
+        assert wd.write_leader(str(path), health) is bool(want)
+        text = path.read_text()
+        assert text.endswith('\npd_mooncake_master_leader %d\n' % want)
+        assert '# TYPE pd_mooncake_master_leader gauge' in text
+        assert oct(path.stat().st_mode & 0o777) == '0o644'  # the exporter runs as another user
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind

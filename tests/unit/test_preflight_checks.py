@@ -105,6 +105,22 @@ def entry_inv(**values):
     return inv
 
 
+# A monitoring host (role monitoring).
+MON_GROUPS = dict(GROUPS, monitoring=["mon-1"])
+INVENTORY["mon-1"] = {"ansible_host": "10.0.0.61"}
+
+
+def test_monitoring_checks_pass_good_values_and_skip_other_hosts():
+    good = with_vars("mon-1", monitoring_grafana_url="https://grafana.example.com", monitoring_grafana_token="glsa_x",
+                     monitoring_retention="30d", monitoring_recompute_share_max=0)
+    for check_id in ("monitoring_settings", "monitoring_grafana"):
+        assert run(check_id, good, MON_GROUPS, "mon-1") == []
+        assert run(check_id, with_vars("ctl-1", monitoring_retention="x"), MON_GROUPS, "ctl-1") == []
+    assert run("monitoring_grafana", with_vars("mon-1", monitoring_grafana_url="grafana:3000"), MON_GROUPS, "mon-1") == [
+        'monitoring_grafana_url="grafana:3000" on mon-1 is not an http(s) URL. Fix: your Grafana\'s base URL, e.g. '
+        'https://grafana.example.com (or "" for none).']
+
+
 # The good fleet knows the entry hosts (GROUPS has no entry group: nothing is checked on them there).
 INVENTORY.update({h: v for h, v in entry_inv().items() if h.startswith("entry-")})
 
@@ -268,6 +284,11 @@ FAILING = {
                         ['entry_tls_cert_file="/nonexistent/entry.crt" and entry_tls_key_file="" on entry-1']),
     "entry_vip": ("ctl-1", entry_inv(entry_vip="10.0.5.50"), ENTRY_GROUPS,
                   ["entry_vip=10.0.5.50 is outside the subnet of entry-1", "10.0.0.0/24"]),
+    "monitoring_settings": ("mon-1", with_vars("mon-1", monitoring_kv_transfer_share_min=90, monitoring_retention="15 days"),
+                            MON_GROUPS, ["monitoring_kv_transfer_share_min=90 on mon-1 is out of range", "(default 0.9)",
+                                         'monitoring_retention="15 days" on mon-1 is not a Prometheus duration']),
+    "monitoring_grafana": ("mon-1", with_vars("mon-1", monitoring_grafana_token="glsa_x"), MON_GROUPS,
+                           ["monitoring_grafana_token is set on mon-1 (value not shown) but monitoring_grafana_url is empty"]),
 }
 
 

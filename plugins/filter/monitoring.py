@@ -1,0 +1,94 @@
+"""What Prometheus scrapes in a bundle inventory, defined once (the monitoring role's file_sd files and
+scrape_configs, its render for an operator's own Prometheus, and the unit tests all read this).
+
+- scrape_targets(groups, hostvars): {job: {scheme, tls, metrics_path, targets}} where targets is the job's
+  file_sd list ([{targets: ['ip:port'], labels: {...}}], one entry per target). Addresses and ports come from
+  the bundle's own definitions, never restated here: every vLLM instance from bundle_vllm_endpoints (its /metrics
+  shares the API port), every other port from bundle_host_cfg (the roles' defaults overlaid by the inventory),
+  every address from bundle_host_ip.
+
+Jobs (JOBS order):
+  vllm             every prefill/decode instance; labels role (prefill|decode), host, vllm_instance,
+                   instance = "<host>/<instance name>"
+  vllm_router      each router's Prometheus exporter (vllm_router_prometheus_port)
+  mooncake_master  each master's metrics port (mooncake_master_metrics_port)
+  etcd             each member's metrics listener (etcd_metrics_port); https with the bundle's client certificate
+                   (tls: true) when etcd_tls_enabled, else http
+  node             prometheus-node-exporter (monitoring_node_exporter_port) on every bundle host (bundle_hosts),
+                   once per host; on the masters its textfile collector carries pd_mooncake_master_leader (the
+                   election watchdog's sample of /health: the masters export no leader metric)
+  prometheus       each monitoring host's Prometheus (monitoring_prometheus_port)
+  alertmanager     each monitoring host's Alertmanager (monitoring_alertmanager_port)
+Every target carries labels host (inventory name) and instance (the host, or host/instance for vLLM), so alerts
+and dashboards name inventory hosts, not addresses. A job without hosts has an empty target list.
+"""
+import os
+import runpy
+
+_load = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
+_bundle = _load('bundle')
+_status = _load('status')
+
+JOBS = ('vllm', 'vllm_router', 'mooncake_master', 'etcd', 'node', 'prometheus', 'alertmanager')
+VLLM_ROLES = (('vllm_prefill', 'prefill'), ('vllm_decode', 'decode'))
+
+
+def _hostport(ip, port):
+    return '%s:%s' % ('[%s]' % ip if ':' in str(ip) else ip, port)
+
+
+def _target(ip, port, host, **labels):
+    out = {'host': str(host), 'instance': str(host)}
+    out.update({k: str(v) for k, v in labels.items()})
+    return {'targets': [_hostport(ip, port)], 'labels': out}
+
+
+def _per_host(hosts, hostvars, port_var):
+    return [_target(_bundle.host_ip(h, hostvars), _bundle.host_cfg(h, hostvars)[port_var], h) for h in hosts or []]
+
+
+def scrape_targets(groups, hostvars):
+    groups = {k: list(v or []) for k, v in (groups or {}).items()}
+    jobs = {name: {'scheme': 'http', 'tls': False, 'metrics_path': '/metrics', 'targets': []} for name in JOBS}
+    for group, role in VLLM_ROLES:
+        for e in _bundle.vllm_endpoints(groups.get(group), hostvars):
+            jobs['vllm']['targets'].append(_target(e['ip'], e['port'], e['host'], role=role, vllm_instance=e['name'],
+                                                   instance='%s/%s' % (e['host'], e['name'])))
+    jobs['vllm_router']['targets'] = _per_host(groups.get('vllm_router'), hostvars, 'vllm_router_prometheus_port')
+    jobs['mooncake_master']['targets'] = _per_host(groups.get('mooncake_master'), hostvars, 'mooncake_master_metrics_port')
+    etcd = groups.get('etcd') or []
+    jobs['etcd']['targets'] = _per_host(etcd, hostvars, 'etcd_metrics_port')
+    # The members share one scheme (the etcd role's setting applies to the whole cluster); the first one's.
+    if etcd and _bundle._truthy(_bundle.host_cfg(etcd[0], hostvars).get('etcd_tls_enabled'), False):
+        jobs['etcd'].update(scheme='https', tls=True)
+    jobs['node']['targets'] = _per_host(_bundle.bundle_hosts(groups), hostvars, 'monitoring_node_exporter_port')
+    jobs['prometheus']['targets'] = _per_host(groups.get('monitoring'), hostvars, 'monitoring_prometheus_port')
+    jobs['alertmanager']['targets'] = _per_host(groups.get('monitoring'), hostvars, 'monitoring_alertmanager_port')
+    return jobs
+
+
+# Units beside those playbooks/status.yml expects, by the role that runs them.
+EXTRA_UNITS = {'master': ['mooncake-master-watchdog'], 'entry': ['haproxy', 'keepalived'],
+               'monitoring': ['prometheus', 'prometheus-alertmanager']}
+
+
+def monitored_units(host, groups, hostvars):
+    """The bundle's systemd units on host, for the node exporter's systemd collector (alert UnitDown): what
+    playbooks/status.yml expects there (etcd, mooncake-master, vllm@<instance>, vllm-router) and EXTRA_UNITS of
+    the roles host runs. A unit the host does not have (keepalived with one entry host) has no series."""
+    names = list(_status.bundle_status_expected(dict(groups, all=[host]), hostvars).get(host, []))
+    roles = _bundle.host_roles(host, groups)
+    names += [u for role, units in EXTRA_UNITS.items() if roles.get(role) for u in units]
+    return names
+
+
+def unit_include(host, groups, hostvars):
+    """--collector.systemd.unit-include for host: its monitored_units as one regex (no backslash: the /etc/default
+    file is read by systemd, which would unescape it)."""
+    return '(%s)[.]service' % '|'.join(n.replace('.', '[.]') for n in monitored_units(host, groups, hostvars))
+
+
+class FilterModule(object):
+    def filters(self):
+        return {'bundle_scrape_targets': scrape_targets, 'bundle_monitored_units': monitored_units,
+                'bundle_unit_include': unit_include}

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""The lab's monitoring step: the monitoring host's Prometheus sees the whole lab, and its alerts fire.
+
+1. Every scrape target is up, and every job of plugins/filter/monitoring.py that has hosts has targets.
+2. Under load (scripts/lab/load.py through the entry), every PromQL expression of the deployed rule file and of
+   the dashboard (templates/monitoring/pd-dashboard.json) returns at least one series. An alert's expression is
+   queried without its threshold comparison: the alert is quiet on a healthy lab, its input must not be empty.
+3. vllm@<decode instance> stopped: UnitDown for that unit is active in Alertmanager within the rule's for: plus
+   one scrape and one rule evaluation (Prometheus evaluates on its own clock, after the scrape that sees the unit
+   down), plus ALERT_SEND_S for Prometheus -> Alertmanager. The unit starts again and serves before this ends.
+
+    monitoring-test.py --out lab-results/monitoring.json
+
+Writes the results as JSON and exits 1 when a goal is missed. Prometheus and Alertmanager are queried from
+inside the monitoring host (their ports admit the monitoring sources only).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+from drills import http_get, sh, unit_state, wait_for  # noqa: E402  (docker exec helpers of the lab scripts)
+from labinv import Lab as LabInventory  # noqa: E402
+
+DASHBOARD = REPO / "templates" / "monitoring" / "pd-dashboard.json"
+RULES_ON_HOST = "/etc/prometheus/rules/pd-bundle.rules.yml"  # monitoring_rules_dir's default + the role's file name
+# Grafana's variables: every pool and instance, a rate window of several 10 s scrapes.
+GRAFANA_VARS = {"$__rate_interval": "1m", "$pool": ".*", "$instance": ".*"}
+THRESHOLD = re.compile(r"^(?P<expr>.*\S)\s*(==|!=|>=|<=|>|<)\s*-?[0-9.]+(e[+-]?[0-9]+)?\s*$", re.S)
+ALERT_SEND_S = 5.0
+
+
+def seconds(duration):
+    """A Prometheus duration ('10s', '1m', '1m30s') in seconds."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    parts = re.findall(r"([0-9]+)(ms|s|m|h|d)", str(duration))
+    if not parts or "".join(n + u for n, u in parts) != str(duration):
+        raise ValueError(f"not a Prometheus duration: {duration!r}")
+    return sum(int(n) * units[u] for n, u in parts)
+
+
+def without_threshold(expr):
+    """An alert's expression without its final comparison to a number (the data it watches)."""
+    m = THRESHOLD.match(expr.strip())
+    return m.group("expr").strip() if m else expr.strip()
+
+
+def expressions(rules_text, dashboard):
+    """[(where, PromQL)] of every recording rule, every alert (threshold dropped) and every dashboard panel."""
+    out = []
+    for group in (yaml.safe_load(rules_text) or {}).get("groups") or []:
+        for r in group.get("rules") or []:
+            if "record" in r:
+                out.append(("record %s" % r["record"], str(r["expr"]).strip()))
+            else:
+                out.append(("alert %s" % r["alert"], without_threshold(str(r["expr"]))))
+    for p in dashboard.get("panels") or []:
+        for t in p.get("targets") or []:
+            expr = t["expr"]
+            for var, value in GRAFANA_VARS.items():
+                expr = expr.replace(var, value)
+            out.append(("panel %s [%s]" % (p["title"], t.get("refId")), expr))
+    return out
+
+
+def empty_ones(results):
+    """The expressions that returned no series (or an error): each a failure."""
+    return ["%s: %s -> %s" % (where, expr, r if isinstance(r, str) else "no series")
+            for (where, expr), r in results if not isinstance(r, int) or r < 1]
+
+
+def alert_problems(fired_after, bound):
+    if fired_after is None:
+        return ["UnitDown did not fire within %.0f s of the unit stopping" % bound]
+    if fired_after > bound:
+        return ["UnitDown fired %.1f s after the unit stopped, over the bound of %.0f s" % (fired_after, bound)]
+    return []
+
+
+def down_targets(targets):
+    return ["%s %s: %s" % (t["labels"].get("job"), t["labels"].get("instance"), t.get("lastError") or t.get("health"))
+            for t in targets if t.get("health") != "up"]
+
+
+class Prom:
+    """Prometheus' and Alertmanager's HTTP APIs, from inside the monitoring host."""
+
+    def __init__(self, host, ip, prom_port, am_port):
+        self.host, self.prom, self.am = host, f"http://{ip}:{prom_port}", f"http://{ip}:{am_port}"
+
+    def _get(self, url, *params):
+        args = ["curl", "-sS", "-m", "20", "--get"] + [a for p in params for a in ("--data-urlencode", p)] + [url]
+        return json.loads(sh(self.host, *args, timeout=40).stdout)
+
+    def targets(self):
+        return self._get(self.prom + "/api/v1/targets", "state=active")["data"]["activeTargets"]
+
+    def series(self, expr):
+        """How many series expr returns now, or the error Prometheus gives."""
+        res = self._get(self.prom + "/api/v1/query", "query=" + expr)
+        return len(res["data"]["result"]) if res.get("status") == "success" else res.get("error", str(res))
+
+    def alerts(self, name):
+        return self._get(self.am + "/api/v2/alerts", 'filter=alertname="%s"' % name, "active=true")
+
+
+def main(argv=None):
+    inv = LabInventory()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="monitoring.json")
+    ap.add_argument("--load-seconds", type=float, default=60)
+    ap.add_argument("--up-limit", type=float, default=180, help="seconds for every target to be up")
+    ap.add_argument("--serve-limit", type=float, default=300, help="seconds for the restarted decode to serve")
+    args = ap.parse_args(argv)
+
+    mon = inv.hosts("monitoring")[0]
+    prom = Prom(mon, inv.ips[mon], inv.var("monitoring_prometheus_port"), inv.var("monitoring_alertmanager_port"))
+    scrape, down_for = seconds(inv.var("monitoring_scrape_interval")), seconds(inv.var("monitoring_down_for"))
+    result, problems = {"monitoring_host": mon}, []
+
+    # 1. Every target up.
+    took = wait_for(lambda: (lambda t: t and not down_targets(t))(prom.targets()), args.up_limit, step=2)
+    targets = prom.targets()
+    jobs = sorted({t["labels"]["job"] for t in targets})
+    result["targets"] = {j: sum(1 for t in targets if t["labels"]["job"] == j) for j in jobs}
+    result["targets_up_after_s"] = took
+    problems += ["target down after %.0f s: %s" % (args.up_limit, d) for d in down_targets(targets)]
+    want_jobs = ["vllm", "vllm_router", "mooncake_master", "etcd", "node", "prometheus", "alertmanager"]
+    problems += ["no target of job %s" % j for j in want_jobs if j not in jobs]
+    print("targets: %s, all up after %s s" % (result["targets"], took), flush=True)
+
+    # 2. Every expression returns data, under load.
+    os.environ.setdefault("PD_CLIENT_KEY", inv.client_key())
+    os.environ.setdefault("PD_CLIENT_CA", inv.client_ca())
+    load_out = Path(tempfile.mkdtemp()) / "load.json"
+    subprocess.run([sys.executable, str(HERE / "load.py"), "--url", inv.client_url(), "--model",
+                    str(inv.var("vllm_served_model_name")), "--workers", "2", "--pause", "0.2",
+                    "--duration", str(args.load_seconds), "--out", str(load_out)], env=os.environ, check=True)
+    load = json.loads(load_out.read_text())
+    result["load"] = {k: load.get(k) for k in ("requests", "succeeded", "failed", "latency_p50_s")}
+    if not load.get("succeeded"):
+        problems.append("the load got no request through the entry: %s" % load.get("failures", [])[:3])
+    time.sleep(2 * scrape)  # the last samples scraped and the recording rules evaluated
+    exprs = expressions(sh(mon, "cat", RULES_ON_HOST).stdout, json.loads(DASHBOARD.read_text()))
+    results = [((where, expr), prom.series(expr)) for where, expr in exprs]
+    result["expressions"] = [{"where": w, "expr": e, "series": r} for (w, e), r in results]
+    empty = empty_ones(results)
+    problems += empty
+    print("expressions: %d, %d with no series" % (len(results), len(empty)), flush=True)
+
+    # 3. A decode unit stopped: UnitDown in Alertmanager.
+    host, inst, port = next(iter(inv.instances(["vllm_decode"])))
+    unit = "vllm@%s.service" % inst
+    bound = down_for + 2 * scrape + ALERT_SEND_S  # scrape and evaluation intervals are both monitoring_scrape_interval
+    sh(host, "systemctl", "stop", unit)
+    t0 = time.monotonic()
+    try:
+        fired = wait_for(lambda: any(a["labels"].get("name") == unit and a["labels"].get("host") == host
+                                     for a in prom.alerts("UnitDown")), bound + 60, step=1)
+        result["unit_down"] = {"unit": unit, "host": host, "fired_after_s": fired, "bound_s": bound,
+                               "for_s": down_for, "scrape_s": scrape}
+        problems += alert_problems(fired, bound)
+        print("UnitDown for %s on %s fired after %s s (bound %.0f s)" % (unit, host, fired, bound), flush=True)
+    finally:
+        sh(host, "systemctl", "start", unit)
+    serving = wait_for(lambda: http_get(host, "http://%s:%s/health" % (inv.ips[host], port)) is not None,
+                       args.serve_limit, step=2)
+    result["unit_down"]["serving_again_after_s"] = serving
+    if serving is None or unit_state(host, unit)["ActiveState"] != "active":
+        problems.append("%s on %s does not serve %.0f s after its start" % (unit, host, args.serve_limit))
+    result["stopped_for_s"] = round(time.monotonic() - t0, 1)
+
+    result["problems"] = problems
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    for p in problems:
+        print("FAILED: " + p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""scripts/lab/monitoring-test.py, the lab's monitoring step: which expressions it queries, and that each of its
+goals fails when missed (an empty expression, a late or missing alert, a target down)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from test_monitoring_rules import render_rules
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location('monitoring_lab', REPO / 'scripts' / 'lab' / 'monitoring-test.py')
+ml = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ml)
+
+
+@pytest.mark.parametrize('expr,want', [
+    ('up == 0', 'up'),
+    ('sum(changes(pd_mooncake_master_leader{job="node"}[10m])) / 2 > 2', 'sum(changes(pd_mooncake_master_leader{job="node"}[10m])) / 2'),
+    ('pd:decode_kv_transfer_share:rate5m < 0.9', 'pd:decode_kv_transfer_share:rate5m'),
+    ('histogram_quantile(0.99, rate(x_bucket[5m])) > 0.5', 'histogram_quantile(0.99, rate(x_bucket[5m]))'),
+    ('sum by (role) (rate(x[5m]))', 'sum by (role) (rate(x[5m]))'),  # no comparison: as is
+])
+def test_an_alert_is_queried_without_its_threshold(expr, want):
+    assert ml.without_threshold(expr) == want
+
+
+def test_every_rule_and_panel_is_queried_with_grafana_variables_replaced():
+    dashboard = json.loads(ml.DASHBOARD.read_text())
+    exprs = ml.expressions(render_rules(), dashboard)
+    wheres = [w for w, _ in exprs]
+    assert 'alert UnitDown' in wheres and 'record pd:decode_kv_transfer_share:rate5m' in wheres
+    assert sum(1 for w in wheres if w.startswith('panel ')) == sum(len(p.get('targets') or []) for p in dashboard['panels'])
+    assert not [e for _, e in exprs if '$' in e]
+    assert dict(exprs)['alert TargetDown'] == 'up'
+
+
+def test_an_expression_without_series_fails():
+    results = [(('record a', 'a'), 3), (('alert B', 'b'), 0), (('panel C [A]', 'c'), 'parse error')]
+    assert ml.empty_ones(results) == ['alert B: b -> no series', 'panel C [A]: c -> parse error']
+    assert ml.empty_ones(results[:1]) == []
+
+
+def test_the_alert_goal_fails_late_or_missing():
+    assert ml.alert_problems(41.0, 55) == []
+    assert ml.alert_problems(56.2, 55) == ['UnitDown fired 56.2 s after the unit stopped, over the bound of 55 s']
+    assert ml.alert_problems(None, 55) == ['UnitDown did not fire within 55 s of the unit stopping']
+
+
+def test_down_targets_and_durations():
+    targets = [{'labels': {'job': 'node', 'instance': 'etcd1'}, 'health': 'up'},
+               {'labels': {'job': 'etcd', 'instance': 'etcd2'}, 'health': 'down', 'lastError': 'connection refused'}]
+    assert ml.down_targets(targets) == ['etcd etcd2: connection refused']
+    assert [ml.seconds(d) for d in ('10s', '1m', '1m30s', '500ms')] == [10, 60, 90, 0.5]
+    with pytest.raises(ValueError):
+        ml.seconds('1 minute')
+
+
+def test_the_report_fails_on_a_panel_without_data(tmp_path):
+    """scripts/bench/plot_monitoring.py (playbooks/report.yml's PNG): NaN points dropped, a panel with no point
+    named, exit 1; with data in every panel, a PNG and exit 0."""
+    spec = importlib.util.spec_from_file_location('plot_monitoring', REPO / 'scripts' / 'bench' / 'plot_monitoring.py')
+    pm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pm)
+
+    def res(*series):
+        return {'status': 'success', 'data': {'result': [{'metric': {'role': r}, 'values': v} for r, v in series]}}
+    queries = [[{'panel': 'TTFT (s)', 'name': 'p99', 'expr': 'a'}, res(('decode', [[0, '0.5'], [15, '0.7']]))],
+               [{'panel': 'requests/s', 'name': '', 'expr': 'b'}, res(('prefill', [[0, 'NaN']]))]]
+    by = pm.panels(queries)
+    assert by['TTFT (s)'] == [('decode p99', [(0.0, 0.5), (15.0, 0.7)])] and pm.empty_panels(by) == ['requests/s']
+    src = tmp_path / 'r.json'
+    src.write_text(json.dumps(queries))
+    assert pm.main(['x', str(src), str(tmp_path / 'r.png'), '5']) == 1
+    queries[1][1] = res(('prefill', [[0, '1.5']]))
+    src.write_text(json.dumps(queries))
+    assert pm.main(['x', str(src), str(tmp_path / 'r.png'), '5']) == 0 and (tmp_path / 'r.png').stat().st_size > 1000

@@ -1,0 +1,122 @@
+"""The monitoring role's recording rules and alerts (templates/monitoring/rules.yml.j2), rendered with the role's
+defaults as Ansible renders it, checked by the real promtool (`promtool check rules`) and unit-tested by it
+(`promtool test rules tests/monitoring/rules_test.yml`: each alert fires on its firing case and stays quiet on its
+quiet one). An alert without both cases there fails, as does a runbook without its row in README.md, a threshold
+that does not reach the expression, and a machine without promtool (scripts/install-deps.sh installs it): these
+tests never skip."""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RULES_TEST = REPO / 'tests' / 'monitoring' / 'rules_test.yml'
+PROMTOOL = shutil.which('promtool') or '/usr/bin/promtool'
+
+
+def defaults():
+    return yaml.safe_load((REPO / 'roles' / 'monitoring' / 'defaults' / 'main.yml').read_text())
+
+
+def render_rules(**overrides):
+    """rules.yml as the role writes it (Ansible's template: trim_blocks), from its defaults and overrides."""
+    v = defaults()
+    v.update(overrides)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), trim_blocks=True,
+                             keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    return env.get_template('monitoring/rules.yml.j2').render(v)
+
+
+def promtool(*args, cwd=None):
+    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def write_case(tmp_path, rules_text):
+    (tmp_path / 'pd-bundle.rules.yml').write_text(rules_text)
+    shutil.copy(RULES_TEST, tmp_path / 'rules_test.yml')
+    return tmp_path
+
+
+def alerts(rules_text):
+    return [r for g in yaml.safe_load(rules_text)['groups'] for r in g['rules'] if 'alert' in r]
+
+
+def test_promtool_is_here():
+    assert Path(PROMTOOL).exists(), 'promtool is missing: install prometheus (scripts/install-deps.sh)'
+
+
+def test_rules_pass_promtool_check(tmp_path):
+    path = tmp_path / 'pd-bundle.rules.yml'
+    path.write_text(render_rules())
+    res = promtool('check', 'rules', str(path))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_alerts_fire_and_stay_quiet_as_tested(tmp_path):
+    res = promtool('test', 'rules', 'rules_test.yml', cwd=write_case(tmp_path, render_rules()))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_every_alert_has_a_firing_and_a_quiet_case():
+    tests = yaml.safe_load(RULES_TEST.read_text())['tests']
+    cases = [c for t in tests for c in t.get('alert_rule_test') or []]
+    names = [a['alert'] for a in alerts(render_rules())]
+    assert len(names) == len(set(names))
+    assert set(names) >= {'TargetDown', 'MasterLeaderFlapping', 'KVTransferShareLow', 'RecomputeRising', 'EtcdNoLeader',
+                          'EtcdFsyncSlow', 'TTFTP99AboveSLO'}
+    missing = []
+    for name in names:
+        mine = [c for c in cases if c['alertname'] == name]
+        if not any(c.get('exp_alerts') for c in mine):
+            missing.append('%s has no firing case' % name)
+        if not any(not c.get('exp_alerts') for c in mine):
+            missing.append('%s has no quiet case' % name)
+    unknown = sorted({c['alertname'] for c in cases} - set(names))
+    assert not missing and not unknown, 'tests/monitoring/rules_test.yml: %s' % '; '.join(missing + unknown)
+
+
+def test_every_alert_has_a_runbook_row_in_the_readme():
+    readme = (REPO / 'README.md').read_text()
+    for a in alerts(render_rules()):
+        runbook = a['annotations'].get('runbook', '')
+        assert runbook == 'README.md#alert-%s' % a['alert'].lower(), a['alert']
+        assert '<a id="alert-%s"></a>' % a['alert'].lower() in readme, '%s: no anchor in README.md' % runbook
+        assert {'summary', 'description'} <= set(a['annotations']) and a['labels'].get('severity'), a['alert']
+
+
+@pytest.mark.parametrize('var,value,alert', [
+    ('monitoring_ttft_p99_slo_seconds', 10.0, 'TTFTP99AboveSLO'),
+    ('monitoring_kv_transfer_share_min', 0.4, 'KVTransferShareLow'),
+    ('monitoring_recompute_share_max', 0.3, 'RecomputeRising'),
+    ('monitoring_master_leader_changes_max', 6, 'MasterLeaderFlapping'),
+])
+def test_thresholds_come_from_the_role_variables(tmp_path, var, value, alert):
+    """The firing case of rules_test.yml stops firing when its threshold moves past it: the variable reaches the rule."""
+    text = render_rules(**{var: value})
+    assert str(value) in next(a['expr'] for a in alerts(text) if a['alert'] == alert)
+    res = promtool('test', 'rules', 'rules_test.yml', cwd=write_case(tmp_path, text))
+    assert res.returncode != 0 and alert in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_grafana_url_adds_a_dashboard_link_to_every_alert(tmp_path):
+    text = render_rules(monitoring_grafana_url='https://grafana.example.com/')
+    assert all(a['annotations']['dashboard'] == 'https://grafana.example.com/d/pd-bundle' for a in alerts(text))
+    assert not any('dashboard' in a['annotations'] for a in alerts(render_rules()))
+    path = tmp_path / 'pd-bundle.rules.yml'
+    path.write_text(text)
+    res = promtool('check', 'rules', str(path))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_recording_rules_read_the_vllm_metrics_vllm_exports():
+    """vLLM's own names (vllm/v1/metrics/loggers.py); the role label is the scrape target's (plugins/filter/monitoring.py)."""
+    exprs = ' '.join(r['expr'] for g in yaml.safe_load(render_rules())['groups'] for r in g['rules'] if 'record' in r)
+    for metric in ('vllm:time_to_first_token_seconds_bucket', 'vllm:inter_token_latency_seconds_bucket',
+                   'vllm:prompt_tokens_by_source_total', 'vllm:num_requests_running', 'vllm:num_requests_waiting',
+                   'vllm:request_success_total'):
+        assert metric in exprs, metric
+    assert set(re.findall(r'source="(\w+)"', exprs)) == {'external_kv_transfer', 'local_compute'}
