@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-drills lab-rolling molecule-test rdma-test clean
+.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-drills lab-monitoring lab-rolling molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -83,6 +83,11 @@ lab-bench: venv
 # upgrade under load, on a lab from `make lab`.
 lab-drills: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/drills.py --out lab-results/drills.json
+
+# Prometheus on the lab's monitoring host: targets up, every rule/dashboard query has data, UnitDown fires; then the PNG.
+lab-monitoring: venv
+	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/monitoring-test.py --out lab-results/monitoring.json
+	$(LAB_PLAY) playbooks/report.yml -e report_minutes=10 -e report_out=$(CURDIR)/lab-results/monitoring-report.png
 
 lab-rolling: venv
 	ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) scripts/lab/rolling-test.sh $(CURDIR)/lab-results

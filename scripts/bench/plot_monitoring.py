@@ -32,14 +32,16 @@ def plot(by_panel, out_png, minutes):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # One time axis for every panel: minutes before the last sample.
+    t_end = max((pts[-1][0] for lines in by_panel.values() for _, pts in lines if pts), default=0)
     fig, axes = plt.subplots(2, 2, figsize=(13, 7.5))
     for ax, (panel, lines) in zip(axes.flat, by_panel.items()):
-        t0 = min((pts[0][0] for _, pts in lines if pts), default=0)
         for label, pts in lines:
             if pts:
-                ax.plot([(t - t0) / 60 for t, _ in pts], [v for _, v in pts], label=label)
+                ax.plot([(t - t_end) / 60 for t, _ in pts], [v for _, v in pts], label=label)
+        ax.set_xlim(-float(minutes), 0)
         ax.set_title(panel)
-        ax.set_xlabel("minutes")
+        ax.set_xlabel("minutes (0 = the last sample)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("pd-bundle: the last %s minutes from Prometheus (recording rules of roles/monitoring)" % minutes)
