@@ -43,7 +43,8 @@ def plot(by_panel, out_png, minutes):
         ax.set_title(panel)
         ax.set_xlabel("minutes (0 = the last sample)")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        if any(pts for _, pts in lines):
+            ax.legend(fontsize=8)
     fig.suptitle("pd-bundle: the last %s minutes from Prometheus (recording rules of roles/monitoring)" % minutes)
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)

@@ -43,7 +43,8 @@ def rendered(prod, tmp_path):  # noqa: F811
              _monitoring_config=str(tmp_path / 'prometheus.yml'),
              _monitoring_alertmanager_config=str(tmp_path / 'alertmanager.yml'),
              _monitoring_alertmanagers=[t for j in scrape['alertmanager']['targets'] for t in j['targets']],
-             _monitoring_unit_include=mon.unit_include(MON_HOST, groups, hv))
+             _monitoring_unit_include=mon.unit_include(MON_HOST, groups, hv),
+             _monitoring_alertmanager_storage=str(tmp_path / 'alertmanager'))
     e = env()
     for d in ('rules', 'etcd', 'file_sd'):
         (tmp_path / d).mkdir()
