@@ -15,7 +15,7 @@ Jobs (JOBS order):
   etcd             each member's metrics listener (etcd_metrics_port); https with the bundle's client certificate
                    (tls: true) when etcd_tls_enabled, else http
   node             prometheus-node-exporter (monitoring_node_exporter_port) on every bundle host (bundle_hosts),
-                   once per host; on the masters its textfile collector carries pd_mooncake_master_leader (the
+                   once per host, when the bundle runs them (a monitoring group: bundle_host_roles); on the masters its textfile collector carries pd_mooncake_master_leader (the
                    election watchdog's sample of /health: the masters export no leader metric)
   prometheus       each monitoring host's Prometheus (monitoring_prometheus_port)
   alertmanager     each monitoring host's Alertmanager (monitoring_alertmanager_port)
@@ -61,7 +61,10 @@ def scrape_targets(groups, hostvars):
     # The members share one scheme (the etcd role's setting applies to the whole cluster); the first one's.
     if etcd and _bundle._truthy(_bundle.host_cfg(etcd[0], hostvars).get('etcd_tls_enabled'), False):
         jobs['etcd'].update(scheme='https', tls=True)
-    jobs['node']['targets'] = _per_host(_bundle.bundle_hosts(groups), hostvars, 'monitoring_node_exporter_port')
+    # Where the bundle runs a node exporter (bundle_host_roles: only with a monitoring group), not every bundle host:
+    # an export for your own Prometheus must not list exporters nobody installed.
+    nodes = [h for h in _bundle.bundle_hosts(groups) if _bundle.host_roles(h, groups)['node_exporter']]
+    jobs['node']['targets'] = _per_host(nodes, hostvars, 'monitoring_node_exporter_port')
     jobs['prometheus']['targets'] = _per_host(groups.get('monitoring'), hostvars, 'monitoring_prometheus_port')
     jobs['alertmanager']['targets'] = _per_host(groups.get('monitoring'), hostvars, 'monitoring_alertmanager_port')
     return jobs

@@ -115,6 +115,7 @@ def test_no_monitoring_group_no_prometheus_targets_and_with_one_its_hosts(prod):
     jobs = mon.scrape_targets(dict(groups, monitoring=[]), hv)
     assert jobs['prometheus']['targets'] == [] and jobs['alertmanager']['targets'] == []
     assert 'mon-1' not in str(jobs['node']['targets'])
+    assert jobs['node']['targets'] == []  # no monitoring group: the bundle installs no node exporter
     assert groups['monitoring'] == ['mon-1']  # inventory/prod's
     hv = dict(hv, **{'mon-1': {'ansible_host': '10.10.9.5', 'monitoring_alertmanager_port': 9193}})
     jobs = mon.scrape_targets(groups, hv)
