@@ -510,10 +510,11 @@ def firewall_source_classes(groups, hostvars, extra_sources=None):
         store = g['vllm_prefill'][:1] + g['vllm_decode'][:1]
     else:
         store = []
+    monitoring = ips(g['monitoring'])
     classes = {'etcd': ips(g['etcd']), 'master': ips(g['mooncake_master']), 'prefill': ips(g['vllm_prefill']),
                'decode': ips(g['vllm_decode']), 'router': ips(g['vllm_router']), 'entry': ips(g['entry']),
                'store_clients': ips(store),
-               'monitoring': ips(g['monitoring']) + [str(s) for s in extra_sources or [] if str(s) not in ips(g['monitoring'])]}
+               'monitoring': monitoring + [str(s) for s in extra_sources or [] if str(s) not in monitoring]}
     classes['cluster'] = ips(bundle_hosts(g))
     return classes
 

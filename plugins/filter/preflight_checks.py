@@ -1617,8 +1617,8 @@ MONITORING_RANGES = {
 
 @check('monitoring')
 def monitoring_settings(cfg, host, groups, specs):
-    """On a monitoring host: alert thresholds in range, Prometheus durations, absolute paths, three distinct
-    ports. Their types are the spec's."""
+    """On a monitoring host: alert thresholds in range, Prometheus durations, absolute paths. Their types are the
+    spec's; the ports' collisions are ports_conflicts' (PORT_VARS, bundle_host_listeners)."""
     if not _roles(host, groups)['monitoring']:
         return []
     out = []

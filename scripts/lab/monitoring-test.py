@@ -30,10 +30,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 from drills import http_get, sh, unit_state, wait_for  # noqa: E402  (docker exec helpers of the lab scripts)
-from labinv import Lab as LabInventory  # noqa: E402
+from labinv import Lab as LabInventory, role_var  # noqa: E402
+import runpy  # noqa: E402
+# The scrape jobs (plugins/filter/monitoring.py's JOBS, which the role's file_sd files are named after).
+MONITORING = runpy.run_path(str(REPO / "plugins" / "filter" / "siblings.py"))["load"]("monitoring", REPO / "plugins" / "filter")
 
 DASHBOARD = REPO / "templates" / "monitoring" / "pd-dashboard.json"
-RULES_ON_HOST = "/etc/prometheus/rules/pd-bundle.rules.yml"  # monitoring_rules_dir's default + the role's file name
 # Grafana's variables: every pool and instance, a rate window of several 10 s scrapes.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$pool": ".*", "$instance": ".*"}
 THRESHOLD = re.compile(r"^(?P<expr>.*\S)\s*(==|!=|>=|<=|>|<)\s*-?[0-9.]+(e[+-]?[0-9]+)?\s*$", re.S)
@@ -135,8 +137,7 @@ def main(argv=None):
     result["targets"] = {j: sum(1 for t in targets if t["labels"]["job"] == j) for j in jobs}
     result["targets_up_after_s"] = took
     problems += ["target down after %.0f s: %s" % (args.up_limit, d) for d in down_targets(targets)]
-    want_jobs = ["vllm", "vllm_router", "mooncake_master", "etcd", "node", "prometheus", "alertmanager"]
-    problems += ["no target of job %s" % j for j in want_jobs if j not in jobs]
+    problems += ["no target of job %s" % j for j in MONITORING.JOBS if j not in jobs]
     print("targets: %s, all up after %s s" % (result["targets"], took), flush=True)
 
     # 2. Every expression returns data, under load.
@@ -151,7 +152,8 @@ def main(argv=None):
     if not load.get("succeeded"):
         problems.append("the load got no request through the entry: %s" % load.get("failures", [])[:3])
     time.sleep(2 * scrape)  # the last samples scraped and the recording rules evaluated
-    exprs = expressions(sh(mon, "cat", RULES_ON_HOST).stdout, json.loads(DASHBOARD.read_text()))
+    rules_on_host = "%s/%s" % (inv.var("monitoring_rules_dir"), role_var("monitoring", "_monitoring_rules_name"))
+    exprs = expressions(sh(mon, "cat", rules_on_host).stdout, json.loads(DASHBOARD.read_text()))
     results = [((where, expr), prom.series(expr)) for where, expr in exprs]
     result["expressions"] = [{"where": w, "expr": e, "series": r} for (w, e), r in results]
     empty = empty_ones(results)

@@ -7,13 +7,16 @@ of plugins/filter/monitoring.py and they are all up; exactly one Mooncake master
 """
 import json
 import urllib.parse
+from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import BUNDLE, groups, host_ip, hvars, in_group, listens_as_configured, role_defaults, run_as_root, tcp_listeners, wait_until
 
 PORTS = role_defaults('monitoring_node_exporter_port', 'monitoring_prometheus_port', 'monitoring_alertmanager_port')
-CONFIG = '/etc/prometheus/prometheus.yml'  # the role's _monitoring_config
+# prometheus.yml's path, as the role defines it (roles/monitoring/vars/main.yml).
+CONFIG = yaml.safe_load((Path(__file__).resolve().parents[2] / 'roles' / 'monitoring' / 'vars' / 'main.yml').read_text())['_monitoring_config']
 
 
 def port(host, name):
