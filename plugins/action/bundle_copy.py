@@ -12,6 +12,7 @@ _spec.loader.exec_module(_template)
 class _BundleCopy(CopyAction):
     def run(self, tmp=None, task_vars=None):
         self._task.args = _template.render_args(self._task.args, task_vars or {})
+        self._pd_parent = _template.pop_parent_dir(self._task.args)  # made when the file is missing (real run)
         args = self._task.args
         if (task_vars or {}).get('render_dir') and 'content' in args and 'src' not in args:
             # Render mode: written on the controller, no copy module run (bundle_template.write_rendered).

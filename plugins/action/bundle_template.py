@@ -16,6 +16,10 @@ In a real run an unchanged file costs one command on its host (the stat), not fo
 - after an unchanged checksum, the file module it ran to set owner, group and mode is skipped when the stat already
   shows the ones the task asks for (file_is_noop): it would change nothing.
 A no-change re-run of the lab ran 551 commands on its hosts, most of them 3 or 4 for each file of the bundle.
+
+parent_dir: {mode, owner, group} (optional; owner and group default to root): the file's directory is made with
+these when the stat shows the file missing, instead of a task of its own that costs every run a command on every host
+(a unit's drop-in directory, the firewall's). A directory that exists is left as it is.
 """
 import os
 import shutil
@@ -139,6 +143,15 @@ def _no_early_tmp(self):
     return False
 
 
+def pop_parent_dir(args):
+    """The task's parent_dir (see above) taken out of ARGS, with its defaults; None without one."""
+    spec = args.pop('parent_dir', None)
+    if not spec:
+        return None
+    return {'state': 'directory', 'owner': str(spec.get('owner', 'root')), 'group': str(spec.get('group', 'root')),
+            'mode': str(spec['mode'])}
+
+
 def _copy_lazy_tmp(self, source_full, source_rel, content, content_tempfile, dest, task_vars, follow):
     """The copy action's _copy_file, with the remote temporary directory made only when the file is sent: the dest
     is stat'ed first (the copy action then uses that stat), and an existing regular file with the source's checksum,
@@ -150,6 +163,12 @@ def _copy_lazy_tmp(self, source_full, source_rel, content, content_tempfile, des
         self._pd_early_stat = ((str(dest_file), follow), stat)
         if not (stat.get('exists') and not stat.get('isdir') and stat.get('checksum') == local_checksum(source_full)):
             self._make_tmp_path()
+        parent = getattr(self, '_pd_parent', None)
+        if parent and not stat.get('exists'):
+            made = self._pd_base._execute_module(self, module_name='ansible.legacy.file', task_vars=task_vars,
+                                                 module_args=dict(parent, path=os.path.dirname(str(dest_file))))
+            if made.get('failed'):
+                return made
     return self._pd_base._copy_file(self, source_full, source_rel, content, content_tempfile, dest, task_vars, follow)
 
 
@@ -186,10 +205,18 @@ def skip_noop_file(action):
 
 
 class _RealLoaders(_RenderLoaders):
-    """The action's shared plugin loaders, except that its copy action skips a no-op file module (a real run)."""
+    """The action's shared plugin loaders, except that its copy action skips a no-op file module (a real run) and
+    makes the task's parent_dir when the file is missing."""
+    def __init__(self, real, parent=None):
+        super().__init__(real)
+        self._parent = parent
+
     def get(self, name, *args, **kwargs):
         action = self._real.action_loader.get(name, *args, **kwargs)
-        return skip_noop_file(action) if name == 'ansible.legacy.copy' and action is not None else action
+        if name == 'ansible.legacy.copy' and action is not None:
+            action = skip_noop_file(action)
+            action._pd_parent = self._parent
+        return action
 
 
 SYSTEMD_VERIFY = 'systemd-analyze verify'
@@ -225,7 +252,9 @@ class ActionModule(TemplateAction):
         validate = self._task.args.get('validate')
         rendering = bool((task_vars or {}).get('render_dir'))
         self._task.args = render_args(self._task.args, task_vars or {})
-        self._shared_loader_obj = (_RenderLoaders if rendering else _RealLoaders)(self._shared_loader_obj)
+        parent = pop_parent_dir(self._task.args)  # render mode makes parents anyway
+        self._shared_loader_obj = _RenderLoaders(self._shared_loader_obj) if rendering else \
+            _RealLoaders(self._shared_loader_obj, parent)
         result = super().run(tmp, task_vars)
         if rendering and SYSTEMD_VERIFY in str(validate or '') and not result.get('failed'):
             dest = self._task.args['dest']

@@ -9,6 +9,9 @@ Echoes every line, and splits the run into steps:
 An action that runs twice gets a suffix (verify, verify-2). Each step's lines go to
 RESULTS/step-NAME.log. At the end: a table of seconds per step, the re-run / first converge
 ratios, and the last lines of a failed step (CI keeps only the end of the output).
+
+--rerun-max-ratio R: the run fails when the no-change re-run (step rerun: site.yml --skip-tags verify) took more
+than R times the first converge (issue 12's goal: 0.15), both measured here, in one run, on one machine.
 """
 import argparse
 import re
@@ -23,9 +26,10 @@ LAB_STEP = re.compile(r"TASK \[Lab step \| ([A-Za-z0-9_-]+)")
 
 
 class Steps:
-    def __init__(self, results=None, clock=time.monotonic):
+    def __init__(self, results=None, clock=None, rerun_max_ratio=None):
         self.results = Path(results) if results else None
-        self.clock = clock
+        self.rerun_max_ratio = rerun_max_ratio
+        self.clock = clock or time.monotonic
         self.order = []        # step names, in the order they started
         self.took = {}         # name -> seconds
         self.status = {}       # name -> ok | failed
@@ -91,6 +95,20 @@ class Steps:
     def failed(self):
         return [n for n in self.order if self.status.get(n) == "failed"]
 
+    def rerun_ratio(self):
+        conv = self.took.get("converge")
+        return self.took["rerun"] / conv if conv and "rerun" in self.took else None
+
+    def rerun_too_slow(self):
+        """The goal's message when the re-run took more than rerun_max_ratio of the first converge, else None
+        (no goal set, or a run without both steps: a failed run says why elsewhere)."""
+        ratio = self.rerun_ratio()
+        if self.rerun_max_ratio is None or ratio is None or ratio <= self.rerun_max_ratio:
+            return None
+        return (f"[lab-test] re-run too slow: {self.took['rerun']:.0f} s = {ratio:.2f} of the first converge "
+                f"({self.took['converge']:.0f} s), goal <= {self.rerun_max_ratio:.2f}. Find the tasks that grew: "
+                f"ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks on a re-run of the lab (docs/DESIGN.md).")
+
     def report(self):
         out = ["", "[lab-test] seconds per step:"]
         for name in self.order:
@@ -102,6 +120,12 @@ class Steps:
             if conv and name in self.took:
                 out.append(f"  {what} / first converge = {self.took[name]:.0f} s / {conv:.0f} s"
                            f" = {self.took[name] / conv:.2f}")
+        too_slow = self.rerun_too_slow()
+        if self.rerun_max_ratio is not None and self.rerun_ratio() is not None:
+            out.append(f"  goal: re-run <= {self.rerun_max_ratio:.2f} of the first converge: "
+                       f"{'MISSED' if too_slow else 'met'}")
+        if too_slow:
+            out.append(too_slow)
         failed = self.failed()
         for name in failed:
             if name.startswith("side_effect") and len(failed) > 1:
@@ -117,15 +141,17 @@ class Steps:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=None, help="directory for step-NAME.log files")
+    ap.add_argument("--rerun-max-ratio", type=float, default=None,
+                    help="fail when the re-run took more than this fraction of the first converge")
     args = ap.parse_args(argv)
-    steps = Steps(args.results)
+    steps = Steps(args.results, rerun_max_ratio=args.rerun_max_ratio)
     for raw in sys.stdin:
         sys.stdout.write(raw)
         sys.stdout.flush()
         steps.feed(raw)
     steps.close()
     print(steps.report())
-    return 1 if steps.failed() else 0
+    return 1 if steps.failed() or steps.rerun_too_slow() else 0
 
 
 if __name__ == "__main__":

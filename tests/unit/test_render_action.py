@@ -117,3 +117,70 @@ def test_a_loaded_copy_action_can_take_the_skipping_class():
     bc = importlib.util.module_from_spec(_bc)
     _bc.loader.exec_module(bc)
     assert issubclass(bc.ActionModule, CopyAction) and bc.ActionModule._execute_remote_stat.__name__ == "_stat_noting"
+
+
+class _Shell:
+    tmpdir = None
+
+    def join_path(self, *parts):
+        return '/'.join(parts)
+
+    def path_has_trailing_slash(self, path):
+        return path.endswith('/')
+
+
+class _CopyWithShell(_Copy):
+    """_Copy with what _copy_lazy_tmp reads: the connection's shell, the temp dir maker, the base _copy_file."""
+    def __init__(self, stat, check_mode=False):
+        super().__init__(stat, check_mode)
+        self._connection = type('C', (), {'_shell': _Shell()})()
+        self.made_tmp = False
+
+    def _make_tmp_path(self):
+        self.made_tmp = True
+
+    def _copy_file(self, source_full, source_rel, content, content_tempfile, dest, task_vars, follow):
+        self.ran.append('copy')
+        return {'changed': True}
+
+
+def _lazy_copy(stat, parent, tmp_path):
+    src = tmp_path / 'src'
+    src.write_text('x')
+    action = bt.skip_noop_file(_CopyWithShell(stat))
+    action._pd_parent = bt.pop_parent_dir({'parent_dir': parent}) if parent else None
+    res = action._copy_file(str(src), 'src', None, None, '/etc/systemd/system/x.service.d/pd.conf', {}, False)
+    return action, res
+
+
+def test_parent_dir_is_made_only_for_a_missing_file(tmp_path):
+    action, res = _lazy_copy({'exists': False}, {'mode': '0755'}, tmp_path)
+    assert action.ran == ['ansible.legacy.file', 'copy'] and action.made_tmp
+    action, _ = _lazy_copy(dict(STAT, checksum='other'), {'mode': '0755'}, tmp_path)
+    assert action.ran == ['copy']  # the file exists, so its directory does: no command for it
+    action, _ = _lazy_copy({'exists': False}, None, tmp_path)
+    assert action.ran == ['copy']  # no parent_dir: as ansible's copy (which fails on a missing directory)
+
+
+def test_parent_dir_arguments():
+    assert bt.pop_parent_dir({'parent_dir': {'mode': '0750', 'group': 'etcd'}}) == \
+        {'state': 'directory', 'owner': 'root', 'group': 'etcd', 'mode': '0750'}
+    args = {'dest': '/x', 'parent_dir': {'mode': '0755'}}
+    bt.pop_parent_dir(args)
+    assert args == {'dest': '/x'}  # never reaches the copy module, which would refuse it
+    assert bt.pop_parent_dir({'dest': '/x'}) is None
+
+
+def test_a_failed_parent_dir_stops_the_copy(tmp_path, monkeypatch):
+    calls = []
+    base = bt.skipping_noop_file(_CopyWithShell)._pd_base
+    monkeypatch.setattr(base, '_execute_module', lambda self, module_name=None, module_args=None, **kw:
+                        (calls.append((module_name, module_args)), {'failed': True, 'msg': 'no'})[1])
+    src = tmp_path / 'src'
+    src.write_text('x')
+    action = bt.skip_noop_file(_CopyWithShell({'exists': False}))
+    action._pd_parent = bt.pop_parent_dir({'parent_dir': {'mode': '0755'}})
+    res = action._copy_file(str(src), 'src', None, None, '/etc/pd-bundle/firewall.nft', {}, False)
+    assert res == {'failed': True, 'msg': 'no'} and 'copy' not in action.ran
+    assert calls == [('ansible.legacy.file', {'state': 'directory', 'owner': 'root', 'group': 'root', 'mode': '0755',
+                                              'path': '/etc/pd-bundle'})]

@@ -70,3 +70,41 @@ def test_output_that_ends_inside_a_step_is_a_failure():
 def test_lab_step_names_outside_side_effect_are_plain_lines():
     steps = _run(_action("verify") + ["  │ TASK [Lab step | looks like one]"])
     assert steps.order == ["verify"]
+
+
+def _timed(took, max_ratio):
+    steps = st.Steps(None, rerun_max_ratio=max_ratio)
+    steps.took.update(took)
+    return steps
+
+
+def test_a_slow_rerun_fails_the_goal():
+    steps = _timed({"converge": 500.0, "rerun": 80.0}, 0.15)
+    assert round(steps.rerun_ratio(), 2) == 0.16
+    assert "re-run too slow: 80 s = 0.16 of the first converge (500 s), goal <= 0.15" in steps.rerun_too_slow()
+    assert "MISSED" in steps.report()
+
+
+def test_a_fast_rerun_meets_the_goal():
+    steps = _timed({"converge": 500.0, "rerun": 70.0}, 0.15)
+    assert steps.rerun_too_slow() is None
+    assert "goal: re-run <= 0.15 of the first converge: met" in steps.report()
+
+
+def test_no_goal_or_no_rerun_step_fails_nothing():
+    assert _timed({"converge": 500.0, "rerun": 400.0}, None).rerun_too_slow() is None
+    assert _timed({"converge": 500.0}, 0.15).rerun_too_slow() is None
+
+
+def test_main_exits_non_zero_on_a_missed_goal(monkeypatch, capsys):
+    import io
+    t = iter(range(0, 10000, 10))
+    monkeypatch.setattr(st.time, "monotonic", lambda: float(next(t)))
+    # each clock reading is 10 s later: converge 10 s, the re-run inside side_effect 10 s -> ratio 1.0
+    lines = _action("converge") + [ARROW.format("side_effect", "Executing"), "  │ TASK [Lab step | rerun (x)]",
+                                   ARROW.format("side_effect", "Executed: Successful")]
+    monkeypatch.setattr(st.sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
+    assert st.main(["--rerun-max-ratio", "0.15"]) == 1
+    assert "re-run too slow" in capsys.readouterr().out
+    monkeypatch.setattr(st.sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
+    assert st.main(["--rerun-max-ratio", "1.5"]) == 0
