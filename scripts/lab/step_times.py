@@ -11,7 +11,8 @@ RESULTS/step-NAME.log. At the end: a table of seconds per step, the re-run / fir
 ratios, and the last lines of a failed step (CI keeps only the end of the output).
 
 --rerun-max-ratio R: the run fails when the no-change re-run (step rerun: site.yml --skip-tags verify) took more
-than R times the first converge (issue 12's goal: 0.15), both measured here, in one run, on one machine.
+than R times the first converge, both measured here, in one run, on one machine (scripts/lab/lab-test.sh sets the
+bound; issue 12's goal, 0.15, is printed beside it).
 """
 import argparse
 import re
@@ -23,6 +24,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ACTION_START = re.compile(r"➜ ([a-z_]+): Executing")
 ACTION_END = re.compile(r"➜ ([a-z_]+): Executed: (.*)")
 LAB_STEP = re.compile(r"TASK \[Lab step \| ([A-Za-z0-9_-]+)")
+GOAL = 0.15  # issue 12: a no-change re-run at most this fraction of the first converge (reported)
 
 
 class Steps:
@@ -106,7 +108,7 @@ class Steps:
         if self.rerun_max_ratio is None or ratio is None or ratio <= self.rerun_max_ratio:
             return None
         return (f"[lab-test] re-run too slow: {self.took['rerun']:.0f} s = {ratio:.2f} of the first converge "
-                f"({self.took['converge']:.0f} s), goal <= {self.rerun_max_ratio:.2f}. Find the tasks that grew: "
+                f"({self.took['converge']:.0f} s), bound <= {self.rerun_max_ratio:.2f}. Find the tasks that grew: "
                 f"ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks on a re-run of the lab (docs/DESIGN.md).")
 
     def report(self):
@@ -122,8 +124,9 @@ class Steps:
                            f" = {self.took[name] / conv:.2f}")
         too_slow = self.rerun_too_slow()
         if self.rerun_max_ratio is not None and self.rerun_ratio() is not None:
-            out.append(f"  goal: re-run <= {self.rerun_max_ratio:.2f} of the first converge: "
-                       f"{'MISSED' if too_slow else 'met'}")
+            out.append(f"  bound (fails the run): re-run <= {self.rerun_max_ratio:.2f} of the first converge: "
+                       f"{'MISSED' if too_slow else 'met'}; issue 12's goal <= {GOAL:.2f}: "
+                       f"{'met' if self.rerun_ratio() <= GOAL else 'missed'}")
         if too_slow:
             out.append(too_slow)
         failed = self.failed()

@@ -81,14 +81,15 @@ def _timed(took, max_ratio):
 def test_a_slow_rerun_fails_the_goal():
     steps = _timed({"converge": 500.0, "rerun": 80.0}, 0.15)
     assert round(steps.rerun_ratio(), 2) == 0.16
-    assert "re-run too slow: 80 s = 0.16 of the first converge (500 s), goal <= 0.15" in steps.rerun_too_slow()
-    assert "MISSED" in steps.report()
+    assert "re-run too slow: 80 s = 0.16 of the first converge (500 s), bound <= 0.15" in steps.rerun_too_slow()
+    assert "MISSED" in steps.report() and "issue 12's goal <= 0.15: missed" in steps.report()
 
 
 def test_a_fast_rerun_meets_the_goal():
     steps = _timed({"converge": 500.0, "rerun": 70.0}, 0.15)
     assert steps.rerun_too_slow() is None
-    assert "goal: re-run <= 0.15 of the first converge: met" in steps.report()
+    assert "bound (fails the run): re-run <= 0.15 of the first converge: met; issue 12's goal <= 0.15: met" \
+        in steps.report()
 
 
 def test_no_goal_or_no_rerun_step_fails_nothing():
