@@ -30,20 +30,25 @@ def _read(path):
 
 
 def _files(ca_dir, name):
+    """The chain's files of NAME: the CA's certificate, then the name's key, request and certificate."""
     issued = os.path.join(ca_dir, 'issued')
     return [os.path.join(ca_dir, 'ca.crt')] + [os.path.join(issued, '%s.%s' % (name, ext)) for ext in ('key', 'csr', 'crt')]
 
 
-def tls_chain_stamp(request, ca_dir, recipe):
+def _stamp(request, recipe, files):
+    """sha256 of the request, the recipe's bytes and FILES' ([(path, bytes)]); None if any is missing."""
     h = hashlib.sha256()
     h.update(json.dumps(request, sort_keys=True, default=str).encode())
-    for path in [recipe] + _files(ca_dir, request['name']):
-        data = _read(path)
+    for path, data in [(recipe, _read(recipe))] + files:
         if data is None:
             return None
         h.update(b'\0%s\0%d\0' % (os.path.basename(path).encode(), len(data)))
         h.update(data)
     return h.hexdigest()
+
+
+def tls_chain_stamp(request, ca_dir, recipe):
+    return _stamp(request, recipe, [(p, _read(p)) for p in _files(ca_dir, request['name'])])
 
 
 def _not_after(pem):
@@ -59,7 +64,8 @@ def tls_chain_due(request, ca_dir, recipe, renew_days, now=None):
     name = request['name']
     if any(ca != 'ca' for ca in request.get('cas', ['ca'])):
         return 'a CA rotation is staged'
-    stamp = tls_chain_stamp(request, ca_dir, recipe)
+    files = [(p, _read(p)) for p in _files(ca_dir, name)]  # read once: the stamp and the expiry dates
+    stamp = _stamp(request, recipe, files)
     if stamp is None:
         return 'files of %s missing in %s' % (name, ca_dir)
     kept = _read(os.path.join(ca_dir, 'issued', '%s.stamp' % name))
@@ -67,9 +73,9 @@ def tls_chain_due(request, ca_dir, recipe, renew_days, now=None):
         return 'the request, the recipe or a file of %s changed since the chain last ran' % name
     now = now or datetime.datetime.now(datetime.timezone.utc)
     horizon = now + datetime.timedelta(days=int(renew_days))
-    for path in (_files(ca_dir, name)[0], _files(ca_dir, name)[3]):
+    for path, pem in (files[0], files[3]):  # the CA's certificate and the name's
         try:
-            if _not_after(_read(path)) <= horizon:
+            if _not_after(pem) <= horizon:
                 return '%s expires within %s days' % (path, renew_days)
         except ValueError:
             return '%s is not a PEM certificate' % path
