@@ -393,6 +393,49 @@ def host_roles(host, groups):
     return r
 
 
+# Distro packages of the bundle's roles whose lists are not a setting (etcd_packages and mooncake_system_packages
+# are), by the host_roles key that runs them. The roles' install tasks read them here (bundle_role_packages), and
+# playbooks/packages.yml installs a host's whole set in one apt transaction (bundle_host_packages).
+ROLE_PACKAGES = {
+    'firewall': ['nftables'],
+    'node_exporter': ['prometheus-node-exporter'],
+    'monitoring': ['prometheus', 'prometheus-alertmanager'],
+    'vllm': ['python3-venv', 'python3-packaging', 'libnuma1', 'libibverbs1', 'libcurl4', 'libgomp1'],
+    'router': ['python3-venv', 'python3-packaging'],
+    'entry': ['haproxy', 'curl'],
+}
+
+
+def role_packages(role, host, groups, hostvars):
+    """The distro packages role installs on host: ROLE_PACKAGES, keepalived on entry hosts when there are 2+,
+    etcd_packages (etcd_install_method package) and mooncake_system_packages (the mooncake role, on every vLLM and
+    master host) from host's settings."""
+    if role == 'etcd':
+        cfg = host_cfg(host, hostvars)
+        return list(cfg.get('etcd_packages') or []) if cfg.get('etcd_install_method') == 'package' else []
+    if role == 'mooncake':
+        return list(host_cfg(host, hostvars).get('mooncake_system_packages') or [])
+    if role not in ROLE_PACKAGES:
+        raise AnsibleFilterError('bundle_role_packages: no role %r (one of %s, etcd, mooncake)'
+                                 % (role, ', '.join(ROLE_PACKAGES)))
+    extra = ['keepalived'] if role == 'entry' and len((groups or {}).get('entry') or []) > 1 else []
+    return list(ROLE_PACKAGES[role]) + extra
+
+
+def host_packages(host, groups, hostvars):
+    """Every distro package the bundle's roles install on host (bundle_role_packages of each role it runs, the
+    firewall where firewall_enabled), once each, in role order: playbooks/packages.yml's one apt transaction."""
+    roles = host_roles(host, groups)
+    runs = {'firewall': _truthy(host_cfg(host, hostvars).get('firewall_enabled'), False) and host in bundle_hosts(groups),
+            'node_exporter': roles['node_exporter'], 'etcd': roles['etcd'], 'mooncake': roles['engine'],
+            'vllm': roles['vllm'], 'router': roles['router'], 'entry': roles['entry'], 'monitoring': roles['monitoring']}
+    out = []
+    for role, on in runs.items():
+        if on:
+            out += [p for p in role_packages(role, host, groups, hostvars) if p not in out]
+    return out
+
+
 def host_listeners(cfg, roles):
     """The TCP listeners of one host, from its effective settings cfg and roles (host_roles; the firewall adds
     http_metadata: master_http_metadata). Each: {port, last (a range's end, else None), spec ('8100' or
@@ -580,6 +623,19 @@ def vllm_stale_instances(show_stdout, stat_stdout, inputs):
     return stale
 
 
+def vllm_unloaded_instances(show_stdout):
+    """[instance name] whose unit file systemd has not loaded (NeedDaemonReload=yes in the same `systemctl show`
+    as vllm_stale_instances, which asks for that property too): a run wrote it and stopped before its reload. A
+    re-run reloads only when it writes the unit itself, so these restart with a reload (tasks/restart_one.yml)."""
+    out = []
+    for block in str(show_stdout or '').split('\n\n'):
+        props = dict(line.split('=', 1) for line in block.splitlines() if '=' in line)
+        unit = props.get('Id', '')
+        if unit.startswith('vllm@') and props.get('NeedDaemonReload', '').strip() == 'yes':
+            out.append(unit[len('vllm@'):].removesuffix('.service'))
+    return out
+
+
 def router_argv(cfg, prefills, decodes):
     """vllm-router's argv (after the binary). cfg: the router role's settings without the vllm_router_
     prefix (kv_connector, host, port, prefill_policy, decode_policy, prometheus_host, prometheus_port,
@@ -760,9 +816,12 @@ class FilterModule(object):
             'bundle_router_endpoints': router_endpoints,
             'bundle_master_local_url': master_local_url,
             'bundle_vllm_stale_instances': vllm_stale_instances,
+            'bundle_vllm_unloaded_instances': vllm_unloaded_instances,
             'bundle_host_listeners': host_listeners,
             'bundle_host_roles': host_roles,
             'bundle_hosts': bundle_hosts,
+            'bundle_role_packages': role_packages,
+            'bundle_host_packages': host_packages,
             'bundle_firewall_source_classes': firewall_source_classes,
             'bundle_firewall_plan': firewall_plan,
             'bundle_listener_port_table': listener_port_table,

@@ -45,6 +45,9 @@ pick_client() {
 
 if ! pgrep -x dockerd >/dev/null 2>&1; then
   log "starting dockerd (log: $LOG)"
+  # A pid file left by a machine that stopped without stopping dockerd makes the new one refuse to start
+  # ("pid file found") when its pid now belongs to another process; no dockerd runs, so it is stale.
+  rm -f /var/run/docker.pid
   # containerd is started by dockerd itself when not running.
   nohup dockerd >>"$LOG" 2>&1 </dev/null &
   disown || true

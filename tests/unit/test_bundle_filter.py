@@ -374,6 +374,17 @@ def test_vllm_stale_instances():
     assert bf.vllm_stale_instances("", stat, inputs) == []
 
 
+def test_vllm_unloaded_instances_need_a_reload_running_or_not():
+    """A re-run reloads systemd only when it writes the unit: an instance whose unit systemd has not loaded
+    restarts (with a reload), even one that was not running and was just started on the old unit."""
+    show = ("Id=vllm@p0.service\nExecMainStartTimestamp=@1000\nNeedDaemonReload=no\n\n"
+            "NeedDaemonReload=yes\nId=vllm@p1.service\nExecMainStartTimestamp=@3000\n\n"
+            "Id=vllm@p2.service\nExecMainStartTimestamp=\nNeedDaemonReload=yes\n")
+    assert bf.vllm_unloaded_instances(show) == ["p1", "p2"]
+    assert bf.vllm_unloaded_instances(show.replace("=yes", "=no")) == []
+    assert bf.vllm_unloaded_instances("") == []
+
+
 def test_host_cfg_reads_role_defaults_under_the_inventory():
     """Another role's setting comes from that role's defaults, overridden by the inventory: no copies."""
     hv = {'r1': {'vllm_router_port': 9000, 'etcd_cert_dir': '/pki'}, 'r2': {}}
@@ -492,3 +503,34 @@ def test_monitoring_class_is_the_monitoring_hosts_and_the_extra_sources():
     classes = bf.firewall_source_classes(groups, hv, ['10.9.0.0/24', '10.0.0.9'])
     assert classes['monitoring'] == ['10.0.0.9', '10.9.0.0/24']
     assert classes['cluster'] == ['10.0.0.1', '10.0.0.9']
+
+
+def test_host_packages_are_the_union_of_the_roles_a_host_runs():
+    """playbooks/packages.yml's one apt transaction per host: each role's list (the same the role's own install
+    task reads), once each, only for the roles the host runs."""
+    groups = {'etcd': ['e1', 'e2'], 'mooncake_master': ['e1'], 'vllm_prefill': ['p1'], 'vllm_decode': ['d1'],
+              'vllm_router': ['r1'], 'entry': ['x1', 'x2'], 'monitoring': ['e2']}
+    hv = {h: {'firewall_enabled': True, 'etcd_install_method': 'package'} for h in ['e1', 'e2', 'p1', 'd1', 'r1', 'x1', 'x2']}
+    hv['d1'] = {'firewall_enabled': False, 'mooncake_system_packages': ['libfoo']}
+    import yaml
+    etcd = yaml.safe_load(open(os.path.join(REPO, "roles/etcd/defaults/main.yml")).read())
+    mooncake = yaml.safe_load(open(os.path.join(REPO, "roles/mooncake/defaults/main.yml")).read())
+    base = ['nftables', 'prometheus-node-exporter']
+    assert bf.host_packages('e1', groups, hv) == base + etcd['etcd_packages'] + [
+        p for p in mooncake['mooncake_system_packages'] if p not in base + etcd['etcd_packages']]
+    assert bf.host_packages('e2', groups, hv) == base + etcd['etcd_packages'] + ['prometheus', 'prometheus-alertmanager']
+    p1 = bf.host_packages('p1', groups, hv)
+    assert set(p1) == set(base + mooncake['mooncake_system_packages'] + bf.ROLE_PACKAGES['vllm'])
+    assert len(p1) == len(set(p1))  # python3-venv is in two lists, installed once
+    # no firewall where it is off; the inventory's mooncake_system_packages replaces the default
+    assert bf.host_packages('d1', groups, hv) == ['prometheus-node-exporter', 'libfoo'] + bf.ROLE_PACKAGES['vllm']
+    assert bf.host_packages('x1', groups, hv) == base + ['haproxy', 'curl', 'keepalived']
+    assert bf.host_packages('x1', dict(groups, entry=['x1']), hv)[-1] == 'curl'  # one entry host: no keepalived
+    assert not set(etcd['etcd_packages']) & set(bf.host_packages('e1', groups, dict(hv, e1={'firewall_enabled': True})))
+    # (etcd_install_method archive, the default: the role installs a release archive, no distro package)
+    assert bf.host_packages('z', groups, dict(hv, z={'firewall_enabled': True})) == []  # not a bundle host
+
+
+def test_role_packages_refuses_a_role_it_does_not_know():
+    with pytest.raises(bf.AnsibleFilterError, match='no role'):
+        bf.role_packages('vllm-router', 'r1', {}, {})

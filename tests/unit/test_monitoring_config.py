@@ -56,7 +56,7 @@ def rendered(prod, tmp_path):  # noqa: F811
             v, _monitoring_job=cfg))
     for src, dest in (('prometheus.yml.j2', 'prometheus.yml'), ('alertmanager.yml.j2', 'alertmanager.yml'),
                       ('prometheus.default.j2', 'prometheus.default'), ('alertmanager.default.j2', 'alertmanager.default'),
-                      ('node-exporter.default.j2', 'node-exporter.default')):
+                      ('node-exporter.conf.j2', 'node-exporter.conf')):
         (tmp_path / dest).write_text(e.get_template('monitoring/' + src).render(v))
     return tmp_path, scrape, v
 
@@ -102,7 +102,13 @@ def test_daemons_listen_on_the_cluster_address(rendered):
     assert '--storage.tsdb.retention.time=15d' in (root / 'prometheus.default').read_text()
     am = (root / 'alertmanager.default').read_text()
     assert '--web.listen-address=%s:9093' % MON_IP in am and am.rstrip().endswith('--cluster.listen-address="')
-    assert '--web.listen-address=%s:9100' % MON_IP in (root / 'node-exporter.default').read_text()
+    # node exporter: Debian's ExecStart ($ARGS from /etc/default) is replaced in the drop-in, the new one has no
+    # character systemd would expand or unescape.
+    lines = (root / 'node-exporter.conf').read_text().splitlines()
+    execs = [line for line in lines if line.startswith('ExecStart=')]
+    assert execs[0] == 'ExecStart=' and len(execs) == 2, execs
+    assert execs[1].startswith('ExecStart=/usr/bin/prometheus-node-exporter --web.listen-address=%s:9100 ' % MON_IP)
+    assert not set('%$\\"\'') & set(execs[1]), execs[1]
 
 
 def test_export_scrape_configs_point_at_the_rendered_targets(rendered):
