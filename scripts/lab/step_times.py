@@ -11,8 +11,10 @@ RESULTS/step-NAME.log. At the end: a table of seconds per step, the re-run / fir
 ratios, and the last lines of a failed step (CI keeps only the end of the output).
 
 --rerun-max-ratio R: the run fails when the no-change re-run (step rerun: site.yml --skip-tags verify) took more
-than R times the first converge, both measured here, in one run, on one machine (scripts/lab/lab-test.sh sets the
-bound; issue 12's goal, 0.15, is printed beside it).
+than R times the first converge, both measured here, in one run, on one machine (scripts/lab/lab-test.sh sets
+issue 12's goal, 0.15). The lab re-runs twice, back to back (steps rerun, rerun-2), and the faster one counts: the same
+re-run of one lab took 55 to 105 s within twenty minutes on these shared 2-core machines, noise that one sample would
+put into the ratio. Both are printed.
 """
 import argparse
 import re
@@ -24,7 +26,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ACTION_START = re.compile(r"➜ ([a-z_]+): Executing")
 ACTION_END = re.compile(r"➜ ([a-z_]+): Executed: (.*)")
 LAB_STEP = re.compile(r"TASK \[Lab step \| ([A-Za-z0-9_-]+)")
-GOAL = 0.15  # issue 12: a no-change re-run at most this fraction of the first converge (reported)
+GOAL = 0.15  # issue 12: a no-change re-run at most this fraction of the first converge
 
 
 class Steps:
@@ -97,9 +99,17 @@ class Steps:
     def failed(self):
         return [n for n in self.order if self.status.get(n) == "failed"]
 
+    def reruns(self):
+        """[(step name, seconds)] of the no-change re-runs (rerun, rerun-2, ...)."""
+        return [(n, s) for n, s in self.took.items() if n == "rerun" or re.fullmatch(r"rerun-\d+", n)]
+
+    def rerun_best(self):
+        """Seconds of the fastest re-run, None without one."""
+        return min((s for _, s in self.reruns()), default=None)
+
     def rerun_ratio(self):
-        conv = self.took.get("converge")
-        return self.took["rerun"] / conv if conv and "rerun" in self.took else None
+        conv, best = self.took.get("converge"), self.rerun_best()
+        return best / conv if conv and best is not None else None
 
     def rerun_too_slow(self):
         """The goal's message when the re-run took more than rerun_max_ratio of the first converge, else None
@@ -107,7 +117,8 @@ class Steps:
         ratio = self.rerun_ratio()
         if self.rerun_max_ratio is None or ratio is None or ratio <= self.rerun_max_ratio:
             return None
-        return (f"[lab-test] re-run too slow: {self.took['rerun']:.0f} s = {ratio:.2f} of the first converge "
+        return (f"[lab-test] re-run too slow: {self.rerun_best():.0f} s (the faster of {len(self.reruns())}) = {ratio:.2f} "
+                f"of the first converge "
                 f"({self.took['converge']:.0f} s), bound <= {self.rerun_max_ratio:.2f}. Find the tasks that grew: "
                 f"ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks on a re-run of the lab (docs/DESIGN.md).")
 
@@ -117,15 +128,16 @@ class Steps:
             mark = "  FAILED" if self.status.get(name) == "failed" else ""
             out.append(f"  {name:<14} {self.took.get(name, 0):6.0f} s{mark}")
         conv = self.took.get("converge")
-        for name, what in (("idempotence", "re-run with verify (molecule idempotence)"),
-                           ("rerun", "re-run without verify (site.yml --skip-tags verify)")):
+        reruns = [(n, "re-run without verify (site.yml --skip-tags verify%s)" % ("" if n == "rerun" else ", again"))
+                  for n, _ in self.reruns()]
+        for name, what in [("idempotence", "re-run with verify (molecule idempotence)")] + reruns:
             if conv and name in self.took:
                 out.append(f"  {what} / first converge = {self.took[name]:.0f} s / {conv:.0f} s"
                            f" = {self.took[name] / conv:.2f}")
         too_slow = self.rerun_too_slow()
         if self.rerun_max_ratio is not None and self.rerun_ratio() is not None:
-            out.append(f"  bound (fails the run): re-run <= {self.rerun_max_ratio:.2f} of the first converge: "
-                       f"{'MISSED' if too_slow else 'met'}; issue 12's goal <= {GOAL:.2f}: "
+            out.append(f"  bound (fails the run): the faster re-run <= {self.rerun_max_ratio:.2f} of the first converge: "
+                       f"{self.rerun_ratio():.2f}, {'MISSED' if too_slow else 'met'}; issue 12's goal <= {GOAL:.2f}: "
                        f"{'met' if self.rerun_ratio() <= GOAL else 'missed'}")
         if too_slow:
             out.append(too_slow)

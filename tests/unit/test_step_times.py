@@ -81,15 +81,27 @@ def _timed(took, max_ratio):
 def test_a_slow_rerun_fails_the_goal():
     steps = _timed({"converge": 500.0, "rerun": 80.0}, 0.15)
     assert round(steps.rerun_ratio(), 2) == 0.16
-    assert "re-run too slow: 80 s = 0.16 of the first converge (500 s), bound <= 0.15" in steps.rerun_too_slow()
+    assert "re-run too slow: 80 s (the faster of 1) = 0.16 of the first converge (500 s), bound <= 0.15" \
+        in steps.rerun_too_slow()
     assert "MISSED" in steps.report() and "issue 12's goal <= 0.15: missed" in steps.report()
 
 
 def test_a_fast_rerun_meets_the_goal():
     steps = _timed({"converge": 500.0, "rerun": 70.0}, 0.15)
     assert steps.rerun_too_slow() is None
-    assert "bound (fails the run): re-run <= 0.15 of the first converge: met; issue 12's goal <= 0.15: met" \
-        in steps.report()
+    assert "bound (fails the run): the faster re-run <= 0.15 of the first converge: 0.14, met; " \
+        "issue 12's goal <= 0.15: met" in steps.report()
+
+
+def test_the_faster_of_two_reruns_counts_and_both_are_printed():
+    """One slow sample (the machine's noise) does not fail the run; two do."""
+    steps = _timed({"converge": 500.0, "rerun": 90.0, "rerun-2": 60.0}, 0.15)
+    assert steps.rerun_best() == 60.0 and round(steps.rerun_ratio(), 2) == 0.12 and steps.rerun_too_slow() is None
+    report = steps.report()
+    assert "site.yml --skip-tags verify) / first converge = 90 s / 500 s = 0.18" in report
+    assert "site.yml --skip-tags verify, again) / first converge = 60 s / 500 s = 0.12" in report
+    steps = _timed({"converge": 500.0, "rerun": 90.0, "rerun-2": 80.0}, 0.15)
+    assert "re-run too slow: 80 s (the faster of 2) = 0.16" in steps.rerun_too_slow()
 
 
 def test_no_goal_or_no_rerun_step_fails_nothing():
