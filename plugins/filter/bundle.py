@@ -597,6 +597,18 @@ def listener_port_table(listeners):
     return table
 
 
+def _vllm_units_shown(show_stdout):
+    """[(instance name, {property: value})] of the vllm@ units in one `systemctl show` output (a block per unit,
+    blank-line separated): the one parser of vllm_stale_instances and vllm_unloaded_instances."""
+    out = []
+    for block in str(show_stdout or '').split('\n\n'):
+        props = dict(line.split('=', 1) for line in block.splitlines() if '=' in line)
+        unit = props.get('Id', '')
+        if unit.startswith('vllm@'):
+            out.append((unit[len('vllm@'):].removesuffix('.service'), props))
+    return out
+
+
 def vllm_stale_instances(show_stdout, stat_stdout, inputs):
     """[instance name] whose main process started before one of its inputs' mtime.
 
@@ -611,12 +623,10 @@ def vllm_stale_instances(show_stdout, stat_stdout, inputs):
         if path:
             mtimes[path] = float(epoch)
     stale = []
-    for block in str(show_stdout or '').split('\n\n'):
-        props = dict(line.split('=', 1) for line in block.splitlines() if '=' in line)
-        unit, started = props.get('Id', ''), props.get('ExecMainStartTimestamp', '').strip().lstrip('@')
-        if not (unit.startswith('vllm@') and started):
+    for name, props in _vllm_units_shown(show_stdout):
+        started = props.get('ExecMainStartTimestamp', '').strip().lstrip('@')
+        if not started:
             continue
-        name = unit[len('vllm@'):].removesuffix('.service')
         changed = [mtimes[i['path']] for i in inputs or [] if i['instance'] in ('', name) and i['path'] in mtimes]
         if changed and max(changed) > float(started):
             stale.append(name)
@@ -627,13 +637,7 @@ def vllm_unloaded_instances(show_stdout):
     """[instance name] whose unit file systemd has not loaded (NeedDaemonReload=yes in the same `systemctl show`
     as vllm_stale_instances, which asks for that property too): a run wrote it and stopped before its reload. A
     re-run reloads only when it writes the unit itself, so these restart with a reload (tasks/restart_one.yml)."""
-    out = []
-    for block in str(show_stdout or '').split('\n\n'):
-        props = dict(line.split('=', 1) for line in block.splitlines() if '=' in line)
-        unit = props.get('Id', '')
-        if unit.startswith('vllm@') and props.get('NeedDaemonReload', '').strip() == 'yes':
-            out.append(unit[len('vllm@'):].removesuffix('.service'))
-    return out
+    return [name for name, props in _vllm_units_shown(show_stdout) if props.get('NeedDaemonReload', '').strip() == 'yes']
 
 
 def router_argv(cfg, prefills, decodes):
