@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""Steady request load through the router, counting failures (stdlib only).
+"""Steady request load through the entry (or the router), counting failures.
 
 Used by the fault drills and the rolling-restart proof: a few workers send completions in a
 loop until the duration ends or the stop file appears, and every request is recorded with its
 start time, latency and outcome. A request fails on any transport error, a non-200 status, or a
 200 without generated text.
+
+The client is what users run (--client sdk, the default): the official `openai` SDK, one client per
+worker, so its connections are kept alive between requests (httpx's pool), with max_retries=0 (a
+failure the SDK would hide by retrying is counted), every other request streamed (SSE read to its
+end). --client urllib opens a new connection per request (stdlib; the probes below use it: a probe
+must not ride on a connection the fault left half-dead).
 
     PD_CLIENT_KEY=... PD_CLIENT_CA=ca.crt load.py --url https://172.30.0.50 --model tiny-llama --workers 2 \\
         --stop-file /tmp/stop --out /tmp/load.json
@@ -54,6 +60,72 @@ def one_request(url, model, prompt, max_tokens, timeout, api_key=None):
     return True, ""
 
 
+def sdk_client(url, timeout, api_key=None):
+    """The official SDK's client for the entry (or a router): keep-alive pool, no retries, the entry's CA."""
+    import openai  # the lab controller's venv pins it (requirements.txt)
+    verify = _tls() if url.startswith("https:") else True
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=api_key or "none", max_retries=0, timeout=timeout,
+                         http_client=openai.DefaultHttpx2Client(verify=verify, timeout=timeout))
+
+
+def sdk_request(client, model, prompt, max_tokens, stream=False):
+    """Send one completion through the SDK (streamed: every SSE chunk read up to the end); (ok, detail)."""
+    try:
+        if stream:
+            text = "".join((chunk.choices[0].text or "") for chunk in
+                           client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                                     temperature=0, stream=True) if chunk.choices)
+        else:
+            out = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
+            text = out.choices[0].text if out.choices else ""
+    except Exception as exc:  # noqa: BLE001 - every SDK error (connection, status, decoding) is a failure
+        # The SDK's "Connection error." hides why; its cause says (refused, reset, closed without an answer).
+        cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+        return False, f"{type(exc).__name__}: {str(exc)[:200]}{cause[:200]}"
+    return (True, "") if text else (False, "no text in response")
+
+
+class OpenLoop:
+    """A new completion every `every` s whatever the ones before are doing (a paced client: a hung request does
+    not hold the next one back), all through one SDK client, so they share its keep-alive pool as one
+    application's threads do; every other one streamed. records: dicts with sent/ended (epoch s), ok, error."""
+
+    def __init__(self, url, model, api_key, every=0.5, timeout=60, max_tokens=8, tag="paced"):
+        self.client = sdk_client(url, timeout, api_key)
+        self.model, self.every, self.max_tokens, self.tag = model, every, max_tokens, tag
+        self.records, self._lock, self._stop = [], threading.Lock(), threading.Event()
+        self._threads, self._pacer = [], threading.Thread(target=self._pace, daemon=True)
+
+    def _one(self, n):
+        prompt = f"{self.tag} {n} " + "the prefill host computes the KV cache and ships it " * 40
+        sent = time.time()
+        ok, err = sdk_request(self.client, self.model, prompt, self.max_tokens, stream=n % 2 == 1)
+        with self._lock:
+            self.records.append({"sent": sent, "ended": time.time(), "ok": ok, "error": err})
+
+    def _pace(self):
+        n = 0
+        while not self._stop.wait(0 if n == 0 else self.every):
+            t = threading.Thread(target=self._one, args=(n,), daemon=True)
+            t.start()
+            self._threads.append(t)
+            n += 1
+
+    def start(self):
+        self._pacer.start()
+        return self
+
+    def stop(self, drain_s=90):
+        """Stop sending, wait up to drain_s for the requests in flight, return the records."""
+        self._stop.set()
+        self._pacer.join()
+        deadline = time.monotonic() + drain_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            return sorted(self.records, key=lambda r: r["sent"])
+
+
 def serves(url, model, api_key="", n=3, prompt="probe " * 40, timeout=60):
     """n requests in a row succeed (a short prompt, 4 tokens each)."""
     return all(one_request(url, model, prompt, 4, timeout, api_key)[0] for _ in range(n))
@@ -89,7 +161,9 @@ def summarize(records):
         "latency_max_s": round(lat[-1], 2) if lat else None,
         "slow": [{"t": round(r["t"], 2), "latency": round(r["latency"], 2)}
                  for r in records if r["ok"] and r.get("latency", 0) > SLOW_S][:50],
-        "failures": [{"t": round(r["t"], 2), "error": r["error"]} for r in failed][:200],
+        "failures": [{"t": round(r["t"], 2), "latency": round(r.get("latency", 0), 2), "error": r["error"]}
+                     for r in failed][:200],
+        "streamed": len([r for r in records if r.get("stream")]),
     }
 
 
@@ -105,6 +179,10 @@ def main(argv=None):
     # while a neighbour vLLM loads its model, then be recomputed; slow is reported, not failed.
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--pause", type=float, default=0.2, help="seconds between a worker's requests")
+    ap.add_argument("--client", choices=("sdk", "urllib"), default="sdk",
+                    help="sdk: the official openai SDK, keep-alive, every other request streamed; "
+                         "urllib: a new connection per request")
+    ap.add_argument("--spans", action="store_true", help="also write every request's [sent, ended, ok]")
     ap.add_argument("--out", required=True, help="JSON summary written here")
     args = ap.parse_args(argv)
 
@@ -115,15 +193,23 @@ def main(argv=None):
     def running():
         return time.monotonic() < deadline and not (args.stop_file and os.path.exists(args.stop_file))
 
+    key = os.environ.get("PD_CLIENT_KEY", "")
+
     def worker(wid):
         n = 0
+        client = sdk_client(args.url, args.timeout, key) if args.client == "sdk" else None
         while running():
             # Over 256 tokens, so whole KV blocks move (CPU block size 128).
             prompt = f"load {wid}-{n} " + "the prefill host computes the KV cache and ships it " * 40
+            stream = client is not None and n % 2 == 1
             t0 = time.monotonic()
-            ok, err = one_request(args.url, args.model, prompt, args.max_tokens, args.timeout, os.environ.get("PD_CLIENT_KEY", ""))
+            if client is not None:
+                ok, err = sdk_request(client, args.model, prompt, args.max_tokens, stream=stream)
+            else:
+                ok, err = one_request(args.url, args.model, prompt, args.max_tokens, args.timeout, key)
             with lock:
-                records.append({"t": t0 - start, "latency": time.monotonic() - t0, "ok": ok, "error": err})
+                records.append({"t": t0 - start, "latency": time.monotonic() - t0, "ok": ok, "error": err,
+                                "stream": stream})
             n += 1
             time.sleep(args.pause)
 
@@ -135,9 +221,11 @@ def main(argv=None):
     summary = summarize(records)
     summary["seconds"] = round(time.monotonic() - start, 1)
     summary["start_epoch"] = start_wall  # failures' t is relative to it (the drills attribute them)
+    if args.spans:  # every request's [sent, ended, ok], relative to start_epoch (the frozen-entry drill's classes)
+        summary["spans"] = [[round(r["t"], 2), round(r["t"] + r["latency"], 2), r["ok"]] for r in records]
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("failures", "slow")}
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("failures", "slow", "spans")}
                      | {"slow_over_%ds" % SLOW_S: len(summary["slow"])}))
     return 0
 

@@ -251,12 +251,20 @@ def test_keepalived_config_passes_its_check(tmp_path):
     if not nics:
         pytest.skip('no network interface but lo')
     v = defaults()
+    internals = yaml.safe_load((REPO / 'roles' / 'entry' / 'vars' / 'main.yml').read_text())
+    v.update({k: internals[k] for k in ('_entry_takeover_bonus', '_entry_takeover_step')})
+    # keepalived -t refuses a script that is missing or writable by others than root: the rendered one, 0755.
+    script = tmp_path / 'entry-vrrp-takeover'
     v.update(entry_vip='10.10.0.50', entry_vip_interface=nics[0], entry_vrrp_password='s3cr3t!', _entry_address='10.10.0.51',
-             _entry_peers=['10.10.0.52'], _entry_vrrp_priority=150, inventory_hostname='entry-1')
+             _entry_peers=['10.10.0.52'], _entry_vrrp_priority=100, inventory_hostname='entry-1',
+             _entry_takeover_script=str(script), _entry_takeover_dir=str(tmp_path / 'run'))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), undefined=jinja2.StrictUndefined)
+    script.write_text(env.get_template('entry/vrrp-takeover.sh.j2').render(v))
+    script.chmod(0o755)
+    tmp_path.chmod(0o755)
     cfg = tmp_path / 'keepalived.conf'
     cfg.write_text(env.get_template('entry/keepalived.conf.j2').render(v))
-    assert 'unicast_peer' in cfg.read_text() and 'track_script' in cfg.read_text()
+    assert 'unicast_peer' in cfg.read_text() and 'track_script' in cfg.read_text() and 'track_file' in cfg.read_text()
     # The role's validator (roles/entry/vars/main.yml): keepalived -t prints problems, exits 0 or by SIGTERM.
     validate = yaml.safe_load((REPO / 'roles' / 'entry' / 'vars' / 'main.yml').read_text())['_entry_keepalived_validate']
     argv = ['/bin/sh', '-c', validate.split("'")[1], '_']
@@ -266,3 +274,29 @@ def test_keepalived_config_passes_its_check(tmp_path):
     bad.write_text(cfg.read_text().replace('virtual_router_id 51', 'virtual_router_id 999'))
     res = subprocess.run(argv + [str(bad)], capture_output=True, text=True, start_new_session=True)
     assert res.returncode != 0 and 'VRID' in res.stdout, res.stdout + res.stderr
+
+
+def test_takeover_bonus_favours_the_newest_vip_holder(tmp_path):
+    """The rendered takeover script, run as keepalived runs it: full bonus the moment this host holds the VIP, one
+    less per step it keeps it, 0 (and its clock reset) when it does not. 127.0.0.1 is an address this host holds;
+    192.0.2.1 (TEST-NET-1) one it does not."""
+    internals = yaml.safe_load((REPO / 'roles' / 'entry' / 'vars' / 'main.yml').read_text())
+    bonus, step = internals['_entry_takeover_bonus'], internals['_entry_takeover_step']
+    run = tmp_path / 'run'
+    run.mkdir()
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), undefined=jinja2.StrictUndefined)
+    script = tmp_path / 'takeover'
+    script.write_text(env.get_template('entry/vrrp-takeover.sh.j2').render(
+        _entry_takeover_dir=str(run), _entry_takeover_bonus=bonus, _entry_takeover_step=step,
+        _entry_takeover_script=str(script)))
+
+    def tick(vip):
+        assert subprocess.run(['/bin/sh', str(script), vip], capture_output=True, text=True).returncode == 0
+        return int((run / 'bonus').read_text())
+    assert tick('127.0.0.1') == bonus  # just took the VIP
+    (run / 'since').write_text('%d\n' % (time.time() - 10 * step - 1))  # held it for 10 steps
+    assert tick('127.0.0.1') == bonus - 10
+    (run / 'since').write_text('%d\n' % (time.time() - (bonus + 5) * step))  # held it longer than the bonus lasts
+    assert tick('127.0.0.1') == 0
+    assert tick('192.0.2.1') == 0 and not (run / 'since').exists()  # lost it: the next takeover starts afresh
+    assert tick('127.0.0.1') == bonus

@@ -1,4 +1,5 @@
 """Pure parts of the lab's drill and load scripts (scripts/lab)."""
+import argparse
 import importlib.util
 import os
 import re
@@ -24,7 +25,7 @@ def test_summarize_counts_failures():
     recs = [{"t": 0.1, "ok": True, "error": ""}, {"t": 1.26, "ok": False, "error": "HTTP 502"}]
     s = load.summarize(recs)
     assert (s["requests"], s["failed"], s["succeeded"]) == (2, 1, 1)
-    assert s["failures"] == [{"t": 1.26, "error": "HTTP 502"}]
+    assert s["failures"] == [{"t": 1.26, "latency": 0, "error": "HTTP 502"}]
 
 
 def test_summarize_latency_of_successes_and_slow_list():
@@ -275,6 +276,60 @@ def test_entry_drill_needs_the_vip_to_move_and_serve_in_time():
     assert drills.FAILED_BOUND["router behind entry"] == 0
     late = dict(r, failed=1, failed_after_recovery=1)
     assert "after recovery" in " ".join(drills.failure_problems(late))
+
+
+def test_frozen_holder_drill_fails_on_a_flip_back_a_slow_move_or_a_late_failure():
+    """The frozen-holder drill (issue 30): the VIP moves within 5 s, stays on the new holder after the resume, and
+    no request sent after the move fails; failures among the requests that went to the frozen host are allowed."""
+    assert drills.VIP_DETECT_GOAL_S <= 5.0
+    freeze, moved = 1000.0, 1003.5
+    recs = [{"sent": 990.0, "ended": 991.0, "ok": True, "error": ""},         # before the freeze
+            {"sent": 999.8, "ended": 1026.0, "ok": False, "error": "reset"},  # in flight at the freeze
+            {"sent": 1001.0, "ended": 1025.0, "ok": False, "error": "reset"},  # sent to the frozen host
+            {"sent": 1004.0, "ended": 1005.0, "ok": True, "error": ""}]       # after the move
+    paced = drills.paced_classes(recs, freeze, moved)
+    assert (paced["to_frozen_host"], paced["to_frozen_host_failed"], paced["failed_after_move"]) == (2, 2, [])
+    r = {"drill": "VIP holder frozen 25 s", "kind": "entry frozen", "host": "entry1", "limit_s": 5.0,
+         "vip_moved_s": 3.5, "new_holder": "entry2", "holders_after_resume": [(0.0, ["entry2"])], "paced": paced}
+    assert drills.freeze_problems(r) == []
+    assert "within 5.0 s" in drills.freeze_problems(dict(r, vip_moved_s=7.9))[0]
+    assert "did not move" in drills.freeze_problems(dict(r, vip_moved_s=None))[0]
+    # the resumed host took the VIP back, or both held it for a moment
+    flip = dict(r, holders_after_resume=[(0.0, ["entry2"]), (1.2, ["entry1"])])
+    assert "did not stay" in drills.freeze_problems(flip)[0]
+    assert "did not stay" in drills.freeze_problems(dict(r, holders_after_resume=[(0.0, ["entry1", "entry2"])]))[0]
+    assert "did not stay" in drills.freeze_problems(dict(r, new_holder="entry1"))[0]
+    late = recs + [{"sent": 1030.0, "ended": 1030.1, "ok": False, "error": "Server disconnected"}]
+    problems = drills.freeze_problems(dict(r, paced=drills.paced_classes(late, freeze, moved)))
+    assert any("sent after the VIP moved failed" in p for p in problems), problems
+    # the steady load: its requests that went to the frozen host are its bound; one sent after the move fails it
+    spans = [[0.0, 1.0, True], [9.9, 30.0, False], [14.0, 14.5, True]]  # relative to start 990
+    bound = drills.bound_from_spans(spans, 990.0, freeze, moved)
+    assert bound == 1
+    ok = {"drill": r["drill"], "kind": "entry frozen", "host": "entry1", "bound": bound, "failed": 1,
+          "failed_after_recovery": 0}
+    assert drills.failure_problems(ok) == []
+    assert drills.failure_problems(dict(ok, failed=2, failed_after_recovery=1))
+
+
+def test_etcd_drill_asks_etcd_for_the_member_health(monkeypatch):
+    """A killed etcd member serves again when `etcdctl endpoint health` says so, not when its unit is active."""
+    calls = []
+
+    def fake_sh(host, *cmd, check=True, timeout=180):
+        calls.append(cmd)
+        healthy = "endpoint" in cmd and "health" in cmd
+        return subprocess.CompletedProcess(cmd, 0 if healthy and fake_sh.up else 1,
+                                           "x is healthy: successfully committed proposal" if fake_sh.up else "",
+                                           "" if fake_sh.up else "x is unhealthy: failed to commit proposal")
+    fake_sh.up = False
+    monkeypatch.setattr(drills, "sh", fake_sh)
+    monkeypatch.setattr(drills, "ip_of", lambda host: "172.30.0.13")
+    lab = drills.Lab(argparse.Namespace(client_url="https://vip", model="m", etcd_mooncake_port=2381))
+    assert not lab.etcd_member_healthy("etcd3")
+    fake_sh.up = True
+    assert lab.etcd_member_healthy("etcd3")
+    assert calls[-1][:2] == ("etcdctl", "--endpoints=http://172.30.0.13:2381")
 
 
 # lab-info.sh: what `make lab` prints, and README.md's first screen shows the same lines.
