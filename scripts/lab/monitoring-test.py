@@ -2,9 +2,10 @@
 """The lab's monitoring step: the monitoring host's Prometheus sees the whole lab, and its alerts fire.
 
 1. Every scrape target is up, and every job of plugins/filter/monitoring.py that has hosts has targets.
-2. Under load (scripts/lab/load.py through the entry), every PromQL expression of the deployed rule file and of
-   the dashboard (templates/monitoring/pd-dashboard.json) returns at least one series. An alert's expression is
-   queried without its threshold comparison: the alert is quiet on a healthy lab, its input must not be empty.
+2. Under load (scripts/lab/load.py through the entry, started once the entry serves), every request of the load
+   succeeds (each failure is listed), and every PromQL expression of the deployed rule file and of the dashboard
+   (templates/monitoring/pd-dashboard.json) returns at least one series. An alert's expression is queried without
+   its threshold comparison: the alert is quiet on a healthy lab, its input must not be empty.
 3. vllm@<decode instance> stopped: UnitDown for that unit is active in Alertmanager within the rule's for: plus
    one scrape and one rule evaluation (Prometheus evaluates on its own clock, after the scrape that sees the unit
    down), plus ALERT_SEND_S for Prometheus -> Alertmanager. The unit starts again and serves before this ends.
@@ -30,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 from drills import http_get, sh, unit_state, wait_for  # noqa: E402  (docker exec helpers of the lab scripts)
+import load as lab_load  # noqa: E402  (scripts/lab/load.py)
 from labinv import Lab as LabInventory, role_var  # noqa: E402
 import runpy  # noqa: E402
 # The scrape jobs (plugins/filter/monitoring.py's JOBS, which the role's file_sd files are named after).
@@ -81,6 +83,20 @@ def empty_ones(results):
             for (where, expr), r in results if not isinstance(r, int) or r < 1]
 
 
+def load_problems(load, shown=5):
+    """The load's goal: it sent requests and every one succeeded (one success among failures is not enough). The
+    failures are named: the first `shown` with their time and error, then how many more."""
+    requests, failed = load.get("requests") or 0, load.get("failed") or 0
+    if not requests:
+        return ["the load sent no request through the entry"]
+    if not failed:
+        return []
+    named = ["load request at %.1f s failed: %s" % (f["t"], f["error"]) for f in (load.get("failures") or [])[:shown]]
+    more = ["and %d more failed requests (results: load.failures)" % (failed - len(named))] if failed > len(named) else []
+    return ["%d of %d requests of the load through the entry failed; every one must succeed" % (failed, requests)] \
+        + named + more
+
+
 def alert_problems(fired_after, bound):
     if fired_after is None:
         return ["UnitDown did not fire within %.0f s of the unit stopping" % bound]
@@ -122,7 +138,8 @@ def main(argv=None):
     ap.add_argument("--out", default="monitoring.json")
     ap.add_argument("--load-seconds", type=float, default=60)
     ap.add_argument("--up-limit", type=float, default=180, help="seconds for every target to be up")
-    ap.add_argument("--serve-limit", type=float, default=300, help="seconds for the restarted decode to serve")
+    ap.add_argument("--serve-limit", type=float, default=300,
+                    help="seconds for the entry to serve before the load, and for the restarted decode to serve")
     args = ap.parse_args(argv)
 
     mon = inv.hosts("monitoring")[0]
@@ -143,14 +160,21 @@ def main(argv=None):
     # 2. Every expression returns data, under load.
     os.environ.setdefault("PD_CLIENT_KEY", inv.client_key())
     os.environ.setdefault("PD_CLIENT_CA", inv.client_ca())
+    model = str(inv.var("vllm_served_model_name"))
+    # The step before (status) restarted a decode unit: the load measures a lab that serves, so it starts once the
+    # entry answers a few requests in a row.
+    serving = lab_load.until_serving(inv.client_url(), model, os.environ["PD_CLIENT_KEY"], limit=args.serve_limit)
+    result["entry_serving_after_s"] = serving
+    if serving is None:
+        problems.append("the entry does not serve %.0f s before the load" % args.serve_limit)
     load_out = Path(tempfile.mkdtemp()) / "load.json"
-    subprocess.run([sys.executable, str(HERE / "load.py"), "--url", inv.client_url(), "--model",
-                    str(inv.var("vllm_served_model_name")), "--workers", "2", "--pause", "0.2",
+    subprocess.run([sys.executable, str(HERE / "load.py"), "--url", inv.client_url(), "--model", model,
+                    "--workers", "2", "--pause", "0.2",
                     "--duration", str(args.load_seconds), "--out", str(load_out)], env=os.environ, check=True)
     load = json.loads(load_out.read_text())
-    result["load"] = {k: load.get(k) for k in ("requests", "succeeded", "failed", "latency_p50_s")}
-    if not load.get("succeeded"):
-        problems.append("the load got no request through the entry: %s" % load.get("failures", [])[:3])
+    result["load"] = {k: load.get(k) for k in ("requests", "succeeded", "failed", "latency_p50_s", "failures")}
+    problems += load_problems(load)
+    print("load: %s requests, %s failed" % (load.get("requests"), load.get("failed")), flush=True)
     time.sleep(2 * scrape)  # the last samples scraped and the recording rules evaluated
     rules_on_host = "%s/%s" % (inv.var("monitoring_rules_dir"), role_var("monitoring", "_monitoring_rules_name"))
     exprs = expressions(sh(mon, "cat", rules_on_host).stdout, json.loads(DASHBOARD.read_text()))

@@ -21,6 +21,7 @@ KNOWN_METRICS = {
     'up',
     'vllm:request_success_total', 'vllm:time_to_first_token_seconds_bucket', 'vllm:inter_token_latency_seconds_bucket',
     'vllm:num_requests_running', 'vllm:num_requests_waiting', 'vllm:prompt_tokens_by_source_total',
+    'vllm:prefix_cache_hits_total', 'vllm:prefix_cache_queries_total',
     'etcd_server_has_leader', 'etcd_server_leader_changes_seen_total', 'etcd_disk_wal_fsync_duration_seconds_bucket',
     'node_cpu_seconds_total', 'node_memory_MemAvailable_bytes', 'node_network_receive_bytes_total',
     'node_network_transmit_bytes_total',
@@ -82,3 +83,15 @@ def test_every_series_is_a_recording_rule_or_an_exported_metric():
     assert not unknown, unknown
     used = {n for _, e in queries() for n in re.findall(r'pd:[a-z0-9_:]+', e)}
     assert used <= records and used, sorted(used - records)
+
+
+def test_the_kv_transfer_row_shows_the_prefix_cache_hit_rate_per_pool():
+    """Issue 30: decode's own prefix-cache hits are the best case, shown beside the KV transfer, never alerted on."""
+    panels = dashboard()['panels']
+    rows = [i for i, p in enumerate(panels) if p['type'] == 'row']
+    start = next(i for i in rows if panels[i]['title'] == 'KV transfer')
+    row = panels[start + 1:next(i for i in rows if i > start)]
+    exprs = [t['expr'] for p in row for t in p.get('targets') or []]
+    assert 'pd:vllm_prefix_cache_hit_rate:rate5m{role=~"$pool"}' in exprs
+    records = {r['record'] for g in yaml.safe_load(render_rules())['groups'] for r in g['rules'] if 'record' in r}
+    assert 'pd:vllm_prefix_cache_hit_rate:rate5m' in records

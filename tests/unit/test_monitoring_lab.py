@@ -17,7 +17,7 @@ _spec.loader.exec_module(ml)
 @pytest.mark.parametrize('expr,want', [
     ('up == 0', 'up'),
     ('sum(changes(pd_mooncake_master_leader{job="node"}[10m])) / 2 > 2', 'sum(changes(pd_mooncake_master_leader{job="node"}[10m])) / 2'),
-    ('pd:decode_kv_transfer_share:rate5m < 0.9', 'pd:decode_kv_transfer_share:rate5m'),
+    ('pd:decode_recompute_share:rate5m > 0.1', 'pd:decode_recompute_share:rate5m'),
     ('histogram_quantile(0.99, rate(x_bucket[5m])) > 0.5', 'histogram_quantile(0.99, rate(x_bucket[5m]))'),
     ('sum by (role) (rate(x[5m]))', 'sum by (role) (rate(x[5m]))'),  # no comparison: as is
 ])
@@ -29,7 +29,8 @@ def test_every_rule_and_panel_is_queried_with_grafana_variables_replaced():
     dashboard = json.loads(ml.DASHBOARD.read_text())
     exprs = ml.expressions(render_rules(), dashboard)
     wheres = [w for w, _ in exprs]
-    assert 'alert UnitDown' in wheres and 'record pd:decode_kv_transfer_share:rate5m' in wheres
+    assert {'alert UnitDown', 'alert RecomputeRising', 'record pd:vllm_prefix_cache_hit_rate:rate5m'} <= set(wheres)
+    assert 'panel Prefix-cache hit rate per pool [A]' in wheres
     assert sum(1 for w in wheres if w.startswith('panel ')) == sum(len(p.get('targets') or []) for p in dashboard['panels'])
     assert not [e for _, e in exprs if '$' in e]
     assert dict(exprs)['alert TargetDown'] == 'up'
@@ -39,6 +40,28 @@ def test_an_expression_without_series_fails():
     results = [(('record a', 'a'), 3), (('alert B', 'b'), 0), (('panel C [A]', 'c'), 'parse error')]
     assert ml.empty_ones(results) == ['alert B: b -> no series', 'panel C [A]: c -> parse error']
     assert ml.empty_ones(results[:1]) == []
+
+
+def test_the_load_goal_fails_on_any_failed_request():
+    """Every request of the load must succeed: one success among failures (the old check) fails, and so does one
+    failure among many successes; the failures are named."""
+    spec = importlib.util.spec_from_file_location('lab_load', REPO / 'scripts' / 'lab' / 'load.py')
+    load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(load)
+
+    def summary(*oks):
+        return load.summarize([{'t': 1.5 * i, 'latency': 0.4, 'ok': ok, 'error': '' if ok else 'HTTP 503: b\'no server\''}
+                               for i, ok in enumerate(oks)])
+    assert ml.load_problems(summary(*[True] * 20)) == []
+    one_success = ml.load_problems(summary(True, False, False))
+    assert one_success == ['2 of 3 requests of the load through the entry failed; every one must succeed',
+                           "load request at 1.5 s failed: HTTP 503: b'no server'",
+                           "load request at 3.0 s failed: HTTP 503: b'no server'"]
+    one_failure = ml.load_problems(summary(*[True] * 19 + [False]))
+    assert one_failure[0] == '1 of 20 requests of the load through the entry failed; every one must succeed'
+    many = ml.load_problems(summary(*[False] * 8), shown=5)
+    assert len(many) == 7 and many[-1] == 'and 3 more failed requests (results: load.failures)'
+    assert ml.load_problems(summary()) == ['the load sent no request through the entry']
 
 
 def test_the_alert_goal_fails_late_or_missing():
