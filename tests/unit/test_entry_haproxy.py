@@ -7,6 +7,7 @@ Skipped only when haproxy is not installed (scripts/install-deps.sh installs it)
 import hashlib
 import http.client
 import http.server
+import json
 import os
 import re
 import shutil
@@ -58,6 +59,8 @@ def render(tmp, backends, **overrides):
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)
     write_maps(tmp, v['entry_keys'], v['entry_rate_limits'], env)
+    v.update(_entry_hide_topology_lua=str(tmp / 'hide-topology.lua'))
+    (tmp / 'hide-topology.lua').write_text(env.get_template('entry/hide-topology.lua.j2').render(v))
     return env.get_template('entry/haproxy.cfg.j2').render(v)
 
 
@@ -97,11 +100,19 @@ def test_rendered_config_passes_haproxy_check(tmp_path):
         assert ('track-sc0' in text) == bool(extra)
 
 
+# What vllm-router 0.1.17 makes every completion's id (FACTS: the topology, then a uuid).
+INSIDE_ID = 'cmpl-___prefill_addr_10.10.0.21:8100___decode_addr_10.10.0.31:8200_4f1c2a9e8b7d4c3a9f0e1d2c3b4a5f6e'
+
+
 class Router(http.server.BaseHTTPRequestHandler):
     seen = []
+    protocol_version = 'HTTP/1.1'
 
     def do_GET(self):  # noqa: N802 - http.server's name
         Router.seen.append((self.path, self.headers.get('Authorization')))
+        self.rfile.read(int(self.headers.get('Content-Length') or 0))
+        if self.path.startswith('/v1/completions'):
+            return self.completion()
         body = b'{"object":"list","data":[]}'
         self.send_response(200)
         self.send_header('Content-Type', 'application/json')
@@ -110,6 +121,28 @@ class Router(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     do_POST = do_GET
+
+    def completion(self):
+        """A completion as the router returns it: one JSON body, or (?stream) SSE events in chunks, each event but the
+        last cut in two inside the id's marker at ?cut=N bytes, the halves sent 0.2 s apart."""
+        event = ('{"id": "%s", "object": "text_completion", "choices": [{"text": "kv"}]}' % INSIDE_ID).encode()
+        if 'stream' not in self.path:
+            self.send_response(200)
+            self.send_header('Content-Type', 'application/json')
+            self.send_header('Content-Length', str(len(event)))
+            self.end_headers()
+            self.wfile.write(event)
+            return
+        cut = int(self.path.rsplit('cut=', 1)[1])
+        self.send_response(200)
+        self.send_header('Content-Type', 'text/event-stream')
+        self.send_header('Transfer-Encoding', 'chunked')
+        self.end_headers()
+        data = b'data: ' + event + b'\n\n'
+        for part in (data[:cut], data[cut:], data, b'data: [DONE]\n\n', b''):
+            self.wfile.write(b'%x\r\n%s\r\n' % (len(part), part))
+            self.wfile.flush()
+            time.sleep(0.2)
 
     def log_message(self, *args):
         pass
@@ -186,6 +219,24 @@ def test_auth_paths_and_log(entry):
     assert 'key="alice"' in log, log
     assert all(k not in log for k in KEYS.values()), log
     assert 'remove_worker' in log  # refused requests are logged too
+
+
+@needs_haproxy
+def test_completion_ids_reach_clients_without_the_instances_addresses(entry):
+    """The entry's Lua filter (templates/entry/hide-topology.lua.j2): 'cmpl-___prefill_addr_..___decode_addr_.._<uuid>'
+    reaches the client as 'cmpl-<uuid>', in a JSON body (its Content-Length dropped, chunked instead) and in SSE
+    events, also when a chunk boundary cuts the marker (wherever it falls)."""
+    port, tmp = entry['port'], entry['tmp']
+    uuid = INSIDE_ID.rsplit('_', 1)[1]
+    status, body = request(port, tmp, '/v1/completions', key=KEYS['alice'], method='POST')
+    assert status == 200 and json.loads(body)['id'] == 'cmpl-' + uuid, body
+    marker_at = ('data: {"id": "cmpl-').__len__()
+    for cut in (3, marker_at + 1, marker_at + 9, marker_at + 30, marker_at + 60, 120):
+        status, body = request(port, tmp, '/v1/completions?stream=1&cut=%d' % cut, key=KEYS['alice'], method='POST')
+        events = [line[6:] for line in body.decode().splitlines() if line.startswith('data: ')]
+        assert status == 200 and events[-1] == '[DONE]', (cut, body)
+        assert [json.loads(e)['id'] for e in events[:-1]] == ['cmpl-' + uuid] * 2, (cut, body)
+        assert b'addr' not in body and b'10.10.0.' not in body, (cut, body)
 
 
 @needs_haproxy
