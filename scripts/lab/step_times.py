@@ -12,7 +12,8 @@ ratios, and the last lines of a failed step (CI keeps only the end of the output
 
 --rerun-max-ratio R: the run fails when the no-change re-run (step rerun: site.yml --skip-tags verify) took more
 than R times the first converge, both measured here, in one run, on one machine (scripts/lab/lab-test.sh sets
-issue 12's goal, 0.15). The lab re-runs twice, back to back (steps rerun, rerun-2), and the faster one counts: the same
+issue 12's goal, 0.15), and when the run has no converge or no rerun step to measure (a renamed step fails the
+bound instead of switching it off). The lab re-runs twice, back to back (steps rerun, rerun-2), and the faster one counts: the same
 re-run of one lab took 55 to 105 s within twenty minutes on these shared 2-core machines, noise that one sample would
 put into the ratio. Both are printed.
 """
@@ -112,10 +113,21 @@ class Steps:
         return best / conv if conv and best is not None else None
 
     def rerun_too_slow(self):
-        """The goal's message when the re-run took more than rerun_max_ratio of the first converge, else None
-        (no goal set, or a run without both steps: a failed run says why elsewhere)."""
+        """The goal's message when the re-run took more than rerun_max_ratio of the first converge, or when the
+        run lacks a step the bound needs (a renamed step would otherwise switch the bound off without a word);
+        None when no goal is set or the bound is met."""
+        if self.rerun_max_ratio is None:
+            return None
+        missing = [what for what, have in (("converge (molecule's first converge)", "converge" in self.took),
+                                           ("rerun (the task 'Lab step | rerun ...' inside side_effect)", self.reruns()))
+                   if not have]
+        if missing:
+            return ("[lab-test] re-run bound not checked: this run has no step %s. The bound (the faster re-run <= "
+                    "%.2f of the first converge) needs both; a step that failed earlier says why above, else a step "
+                    "was renamed (molecule.yml's test_sequence, molecule/default/lab-steps.yml)."
+                    % (" and no step ".join(missing), self.rerun_max_ratio))
         ratio = self.rerun_ratio()
-        if self.rerun_max_ratio is None or ratio is None or ratio <= self.rerun_max_ratio:
+        if ratio is None or ratio <= self.rerun_max_ratio:
             return None
         return (f"[lab-test] re-run too slow: {self.rerun_best():.0f} s (the faster of {len(self.reruns())}) = {ratio:.2f} "
                 f"of the first converge "

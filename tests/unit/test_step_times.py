@@ -104,9 +104,32 @@ def test_the_faster_of_two_reruns_counts_and_both_are_printed():
     assert "re-run too slow: 80 s (the faster of 2) = 0.16" in steps.rerun_too_slow()
 
 
-def test_no_goal_or_no_rerun_step_fails_nothing():
+def test_no_goal_fails_nothing():
     assert _timed({"converge": 500.0, "rerun": 400.0}, None).rerun_too_slow() is None
-    assert _timed({"converge": 500.0}, 0.15).rerun_too_slow() is None
+    assert _timed({"converge": 500.0}, None).rerun_too_slow() is None
+
+
+def test_a_missing_step_fails_the_bound():
+    """A run without the rerun or the converge step (a renamed step, a molecule that names its actions otherwise)
+    cannot measure the bound: it fails, naming the step, instead of passing as 'not too slow'."""
+    no_rerun = _timed({"converge": 500.0, "re-run": 40.0}, 0.15)
+    assert "re-run bound not checked: this run has no step rerun" in no_rerun.rerun_too_slow()
+    assert "re-run bound not checked" in no_rerun.report()
+    no_converge = _timed({"converge-first": 500.0, "rerun": 40.0}, 0.15)
+    assert "this run has no step converge" in no_converge.rerun_too_slow()
+    neither = _timed({}, 0.15)
+    assert "no step converge (molecule's first converge) and no step rerun" in neither.rerun_too_slow()
+
+
+def test_main_exits_non_zero_when_the_rerun_step_is_missing(monkeypatch, capsys):
+    import io
+    lines = _action("converge") + [ARROW.format("side_effect", "Executing"), "  │ TASK [Lab step | re-run (x)]",
+                                   ARROW.format("side_effect", "Executed: Successful")]
+    monkeypatch.setattr(st.sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
+    assert st.main(["--rerun-max-ratio", "0.15"]) == 1
+    assert "re-run bound not checked: this run has no step rerun" in capsys.readouterr().out
+    monkeypatch.setattr(st.sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
+    assert st.main([]) == 0  # no bound asked for (the rdma scenario): nothing to miss
 
 
 def test_main_exits_non_zero_on_a_missed_goal(monkeypatch, capsys):
