@@ -3,6 +3,9 @@
 Nothing is faked: a real TransferEngine moves the bytes and a real mooncake_master holds the
 store object. Needs root (ip netns) and a Python that imports the mooncake wheel: set
 MOONCAKE_CHECK_PYTHON, or use /opt/mooncake/venv, or run pytest from such a venv.
+`make unit` runs pytest from the project venv, which has the wheel (requirements.txt pins
+mooncake-transfer-engine-non-cuda), so nothing waits for the lab's wheelhouse. Elsewhere these tests
+skip, and say why (-rs); in CI (root, CI=true) such a skip fails the run (tests/conftest.py --fail-on-skip).
 Traffic stays on loopback and inside the namespaces this test creates.
 
     sudo MOONCAKE_CHECK_PYTHON=<venv with the engine wheel>/bin/python python -m pytest -s tests/integration
