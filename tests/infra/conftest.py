@@ -295,17 +295,23 @@ def instance_auth_headers(h, configured):
                              'vllm_router_api_key (the instances demand the routers\' key)')
 
 
-def parse_ss_listeners(out):
-    """{(address, port)} of `ss -Htln` output; the wildcard is '0.0.0.0' (v4) or '::' (v6, also '*')."""
-    socks = set()
+def parse_ss_rows(out):
+    """[(address, port, backlog)] of `ss -Htln` output (a listening socket's Send-Q is its listen backlog); the
+    wildcard is '0.0.0.0' (v4) or '::' (v6, also '*')."""
+    rows = []
     for line in out.splitlines():
         fields = line.split()
         if len(fields) < 4:
             continue
         addr, _, port = fields[3].rpartition(':')
         addr = addr.strip('[]').split('%')[0]
-        socks.add(('::' if addr == '*' else addr, int(port)))
-    return socks
+        rows.append(('::' if addr == '*' else addr, int(port), int(fields[2])))
+    return rows
+
+
+def parse_ss_listeners(out):
+    """{(address, port)} of `ss -Htln` output; the wildcard is '0.0.0.0' (v4) or '::' (v6, also '*')."""
+    return {(addr, port) for addr, port, _ in parse_ss_rows(out)}
 
 
 def tcp_listeners(h):

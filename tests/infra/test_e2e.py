@@ -10,8 +10,11 @@ import uuid
 
 import pytest
 
-from conftest import (BUNDLE, bearer_secrets, check_output_masked, curl_json, deployed_kv_config, entry_client, entry_open,
-                      first_entry, groups, hvars, in_group, metric_value, other_host, router_auth_headers, wait_until)
+from conftest import (BUNDLE, REPO, bearer_secrets, check_output_masked, curl_json, deployed_kv_config, entry_client,
+                      entry_open, first_entry, groups, hvars, in_group, metric_value, other_host, router_auth_headers,
+                      run_as_root, wait_until)
+
+BUNDLE_TOOLS = REPO / 'plugins' / 'tools'
 
 # Over 256 tokens with any tokenizer: KV moves in whole blocks (128 tokens on CPU).
 # A fresh nonce leads every prompt: otherwise decode's prefix cache serves an earlier run's KV
@@ -87,41 +90,76 @@ def master_views(request, host):
     return views
 
 
-# Store mode: how many fresh requests may miss the store before the test fails (see kv_request).
-STORE_ATTEMPTS = 3
+# Store mode: how many times a request whose KV did not arrive is sent again, each only after a master failover
+# during it (see kv_request).
+FAILOVER_RETRIES = 1
 
 
 def kv_request(request, host, send, what):
     """send() makes one request and returns its prompt tokens; decode's counters must show its KV arrived.
-    Store mode only, two races that vLLM's MooncakeStoreConnector has by design, each retried with a fresh
-    prompt and said so, STORE_ATTEMPTS requests in all:
-    - the prefill's put is asynchronous: the connector's request_finished() returns False, so prefill answers
-      the router before its store job has landed, and a decode that looks up first finds nothing and computes
-      the whole prompt (seen once in CI: 0 tokens moved, 1434 computed);
-    - a master failover during the request (the lab's 2 cores can stall etcd long enough for the leader to
-      lose its lease) loses the store's in-memory objects. The drills prove failover.
-    A partial load, or no load on every attempt, fails."""
+    One try: a decode that misses the store fails at once. The prefill's put is asynchronous (vLLM's
+    MooncakeStoreConnector answers the router before its store job has landed), and the decodes' store-lookup wait
+    (plugins/tools/pd_bundle_store_wait.py, test_store_lookup_wait_is_active) is what makes decode find the blocks:
+    a retry on a miss would let a wait that stopped working pass by chance (without it decode missed 2 of 3 tries).
+    The one exception, store mode only: a master failover during the request (the lab's 2 cores can stall etcd long
+    enough for the leader to lose its lease) loses the store's in-memory objects; a request whose KV did not arrive
+    while the masters' view changed is sent once more with a fresh prompt, and said so. The drills prove failover."""
     store = deployed_connector(request, host) != 'MooncakeConnector'
-    for attempt in range(1, (STORE_ATTEMPTS if store else 1) + 1):
+    for retry in range(FAILOVER_RETRIES + 1 if store else 1):
         views0 = master_views(request, host) if store else None
         ext0, local0 = decode_counters(request, host)
         tokens = send()
-        last = attempt == (STORE_ATTEMPTS if store else 1)
-        if store and not last:
-            if master_views(request, host) != views0:
-                print('%s: a master failover during the request (view %s -> %s); once more'
-                      % (what, views0, master_views(request, host)))
-                continue
-            # Give decode's counters the same grace as assert_kv_arrived, then call a miss a miss.
-            wait_until(lambda: decode_counters(request, host)[0] > ext0, timeout=30)
-            ext1, local1 = decode_counters(request, host)
-            if ext1 == ext0:
-                print('%s: attempt %d: decode found none of the prompt in the store (computed %d tokens): the '
-                      'prefill\'s asynchronous put had not landed; once more with a fresh prompt'
-                      % (what, attempt, local1 - local0))
-                continue
-        assert_kv_arrived(request, host, tokens, ext0, local0, what)
-        return
+        try:
+            assert_kv_arrived(request, host, tokens, ext0, local0, what)
+            return
+        except AssertionError:
+            views1 = master_views(request, host) if store else None
+            if views1 == views0 or retry == FAILOVER_RETRIES:
+                raise
+            print('%s: the KV did not arrive, and a master failover happened during the request (view %s -> %s); '
+                  'once more with a fresh prompt' % (what, views0, views1))
+
+
+def store_wait_constant(name):
+    """A constant of plugins/tools/pd_bundle_store_wait.py (the wait's env variable WAIT_ENV, the line ACTIVE its
+    schedulers print), read from the patch itself."""
+    import ast
+    tree = ast.parse((BUNDLE_TOOLS / 'pd_bundle_store_wait.py').read_text())
+    return next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                and [t.id for t in node.targets if isinstance(t, ast.Name)] == [name])
+
+
+def test_store_lookup_wait_is_active(host):
+    """Store mode: every decode instance whose env file sets the store-lookup wait runs it: its scheduler printed
+    the patch's ACTIVE line with that wait in this run of its unit. A vLLM whose scheduler lacks what the wait reads
+    refuses to start instead (pd_bundle_store_wait.check_scheduler), and a wait that is not hooked prints nothing:
+    either fails here, whatever the end-to-end requests happen to find in the store."""
+    v = hvars(host)
+    if not in_group(host, 'vllm_decode') or not v.get('vllm_instances'):
+        pytest.skip('no decode instance on this host')
+    env_var, active, checked = store_wait_constant('WAIT_ENV'), store_wait_constant('ACTIVE'), 0
+    for inst in v['vllm_instances']:
+        name = inst['name']
+        if deployed_kv_config(host, name)['kv_connector'] == 'MooncakeConnector':
+            continue  # P2P: decode pulls from prefill, no store lookups
+        env = {k: val.strip().strip('\'"') for k, val in (line.split('=', 1) for line in
+               host.file('/etc/vllm/%s.env' % name).content_string.splitlines() if '=' in line and not line.startswith('#'))}
+        if int(env.get(env_var) or 0) <= 0:
+            continue  # vllm_store_lookup_wait_ms: 0, the wait is off
+        unit = 'vllm@%s' % name
+        invocation = host.check_output('systemctl show -p InvocationID --value %s' % unit)
+        assert invocation, '%s has no current run' % unit
+        # Every line the unit's processes wrote in this run (the engine core's stderr included).
+        log = run_as_root(host, 'journalctl _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager' % invocation)
+        assert log.rc == 0, log.stderr[-500:]
+        want = 'retried for up to %s ms' % env[env_var]
+        lines = [ln for ln in log.stdout.splitlines() if active in ln]
+        assert any(want in ln for ln in lines), \
+            '%s sets %s=%s, but its journal of this run (%d lines) has no %r line with %r: the wait is not hooked ' \
+            '(found: %s)' % (unit, env_var, env[env_var], len(log.stdout.splitlines()), active, want, lines or 'none')
+        checked += 1
+    if not checked:
+        pytest.skip('no decode instance here runs the store mode with a lookup wait')
 
 
 class RouterApi:

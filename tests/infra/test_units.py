@@ -4,7 +4,7 @@ import shlex
 import pytest
 
 from conftest import (BUNDLE, INSTANCE_KEY_FILE, ROUTER_KEY_FILE, bearer_secrets, check_output_masked, deployed_kv_config, groups, hvars, in_group,
-                      instance_auth_headers, instance_key_configured, listens_as_configured,
+                      instance_auth_headers, instance_key_configured, listens_as_configured, parse_ss_rows,
                       router_key_configured, run_as_root, tcp_listeners)
 
 
@@ -95,6 +95,56 @@ def test_no_listener_outside_the_table(host):
     wild, unlisted = unlisted_listeners(tcp_listeners(host), listener_table(host), ephemeral_from, public_extra)
     assert wild == [], 'wildcard binds that are not public by design: %s' % wild
     assert unlisted == [], 'listeners on ports outside the bundle\'s table (bundle_host_listeners): %s' % unlisted
+
+
+# The listen backlog of a ZMQ socket that sets none (libzmq's default ZMQ_BACKLOG): the MooncakeConnector side
+# channel's ROUTER socket. On the lab's prefill hosts it is the only TCP listener with it; the workers' other
+# listeners on high ports of the cluster address (torch/gloo) use the kernel's (4096), the transfer engine's 128.
+ZMQ_BACKLOG = 100
+
+
+def side_channel_problems(rows, pinned):
+    """(missing, stray) of a prefill host's side channels. rows: parse_ss_rows of the host; pinned: {instance name:
+    (its address, its pinned side-channel ports)} of the instances that run the P2P connector.
+    missing: 'name: ip:port' of every pinned port nothing listens on at the instance's address; a side channel that
+    lost its pin listens elsewhere, and the decodes, which cache its address, fail every pull after a restart.
+    stray: 'ip:port' of the listeners with the side channel's signature (ZMQ's backlog, a cluster address) on no
+    pinned port: a side channel on a random port (pyzmq picks from 49152, in or above the kernel's ephemeral range,
+    which unlisted_listeners leaves alone), closed to the decodes by the firewall."""
+    listening = {(addr, port) for addr, port, _ in rows}
+    missing = ['%s: %s:%s' % (name, ip, port) for name, (ip, ports) in sorted(pinned.items()) for port in ports
+               if (ip, port) not in listening]
+    every_pinned = {port for _, ports in pinned.values() for port in ports}
+    stray = ['%s:%s' % (addr, port) for addr, port, backlog in sorted(rows)
+             if backlog == ZMQ_BACKLOG and port not in every_pinned and not (addr.startswith('127.') or addr == '::1')]
+    return missing, stray
+
+
+def pinned_side_channels(host):
+    """{instance name: (address, pinned side-channel ports)} of the host's prefill instances that run the P2P
+    connector (MooncakeConnector, per their deployed env file); the ports from bundle.vllm_side_channel_ports, the
+    address the one their bootstrap server binds (VLLM_HOST_IP)."""
+    v = hvars(host)
+    if not in_group(host, 'vllm_prefill'):
+        return {}
+    name = v['inventory_hostname']
+    cfg = BUNDLE.host_cfg(name, {name: v})
+    instances = cfg.get('vllm_instances') or []
+    return {i['name']: (str(i.get('host_ip') or v['common_host_ip']),
+                        BUNDLE.vllm_side_channel_ports(i, instances, cfg.get('vllm_side_channel_port_base')))
+            for i in instances if deployed_kv_config(host, i['name'])['kv_connector'] == 'MooncakeConnector'}
+
+
+def test_side_channels_listen_on_their_pinned_ports(host):
+    """P2P prefill instances: every pinned side-channel port listens at the instance's address, and no side channel
+    listens anywhere else (a random port above the ephemeral start, where the table check does not look)."""
+    pinned = pinned_side_channels(host)
+    if not pinned:
+        pytest.skip('no prefill instance running the P2P connector here')
+    missing, stray = side_channel_problems(parse_ss_rows(host.check_output('ss -Htln')), pinned)
+    assert missing == [], 'pinned side-channel ports nothing listens on (vllm_side_channel_port_base, ' \
+        'plugins/tools/pd_bundle_side_channel.py): %s; side-channel-like listeners elsewhere: %s' % (missing, stray)
+    assert stray == [], 'side channels (ZMQ listeners) on ports that are not pinned: %s' % stray
 
 
 def test_units_run_as_dedicated_users(host):

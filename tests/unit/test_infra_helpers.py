@@ -139,6 +139,82 @@ def test_listener_outside_the_table_or_a_wildcard_bind_fails():
     assert units.unlisted_listeners({("0.0.0.0", 9090)}, table, 32768, [9090]) == ([], [])
 
 
+# `ss -Htln` on the lab's prefill1 (two P2P instances, pinned side channels 18100 and 18116), abridged: the workers'
+# torch/gloo listeners on high ports of the cluster address (backlog 4096), the transfer engine's (128).
+PREFILL_SS = """LISTEN 0      128        0.0.0.0:16416 0.0.0.0:*
+LISTEN 0      4096   172.30.0.21:46001 0.0.0.0:*
+LISTEN 0      4096    127.0.0.11:34135 0.0.0.0:*
+LISTEN 0      2048   172.30.0.21:8998  0.0.0.0:*
+LISTEN 0      4096   172.30.0.21:37009 0.0.0.0:*
+LISTEN 0      2048   172.30.0.21:8100  0.0.0.0:*
+LISTEN 0      100    172.30.0.21:18116 0.0.0.0:*
+LISTEN 0      100    172.30.0.21:18100 0.0.0.0:*
+LISTEN 0      128              *:15810       *:*
+"""
+PINNED = {"prefill0": ("172.30.0.21", [18100]), "prefill1": ("172.30.0.21", [18116])}
+
+
+def test_side_channels_on_their_pinned_ports_pass():
+    rows = conftest.parse_ss_rows(PREFILL_SS)
+    assert ("172.30.0.21", 18100, 100) in rows and ("::", 15810, 128) in rows
+    assert units.side_channel_problems(rows, PINNED) == ([], [])
+
+
+def test_a_side_channel_that_lost_its_pin_fails_though_the_table_check_cannot_see_it():
+    """prefill0's side channel on a random pyzmq port (52111, above the ephemeral start): the table check passes
+    it, as it always did; the side-channel check names the pinned port nothing listens on and the stray one."""
+    lost = PREFILL_SS.replace("172.30.0.21:18100 ", "172.30.0.21:52111 ")
+    table = _table((18100, None, ["vllm_instances[prefill0].side_channel_port"], False),
+                   (18116, None, ["vllm_instances[prefill1].side_channel_port"], False),
+                   (8100, None, ["vllm_instances[prefill0].port"], False), (8998, None, ["bootstrap"], False),
+                   (15000, 17000, ["mooncake_rpc_port_min..mooncake_rpc_port_max"], False))
+    assert units.unlisted_listeners(conftest.parse_ss_listeners(lost), table, 32768) == ([], [])
+    missing, stray = units.side_channel_problems(conftest.parse_ss_rows(lost), PINNED)
+    assert missing == ["prefill0: 172.30.0.21:18100"] and stray == ["172.30.0.21:52111"]
+
+
+def test_every_pinned_port_of_an_instance_must_listen():
+    """TP 2: one port per rank; rank 1 lost its pin (the kernel gave it a port of the ephemeral range)."""
+    ss = PREFILL_SS + "LISTEN 0      100    172.30.0.21:40123 0.0.0.0:*\n"
+    missing, stray = units.side_channel_problems(conftest.parse_ss_rows(ss), {"prefill0": ("172.30.0.21", [18100, 18101])})
+    assert missing == ["prefill0: 172.30.0.21:18101"] and stray == ["172.30.0.21:18116", "172.30.0.21:40123"]
+    # the pinned port on another address than the instance's (VLLM_HOST_IP) is no side channel decodes can reach
+    moved = PREFILL_SS.replace("172.30.0.21:18116 ", "0.0.0.0:18116 ")
+    assert units.side_channel_problems(conftest.parse_ss_rows(moved), PINNED)[0] == ["prefill1: 172.30.0.21:18116"]
+    # loopback listeners are the host's own
+    assert units.side_channel_problems(conftest.parse_ss_rows(
+        PREFILL_SS + "LISTEN 0 100 127.0.0.1:55555 0.0.0.0:*\n"), PINNED) == ([], [])
+
+
+class _PrefillHost:
+    """A prefill host as test_units reads it: its inventory variables, its instances' deployed env files."""
+
+    def __init__(self, instances, connector="MooncakeConnector", base=None):
+        variables = {"inventory_hostname": "prefill1", "common_host_ip": "172.30.0.21", "vllm_instances": instances,
+                     "groups": {"vllm_prefill": ["prefill1"], "all": ["prefill1"]}}
+        if base is not None:
+            variables["vllm_side_channel_port_base"] = base
+        self.ansible = SimpleNamespace(get_variables=lambda: dict(variables))
+        self.connector = connector
+
+    def file(self, path):
+        return SimpleNamespace(content_string="SERVE_KV_TRANSFER_CONFIG='%s'\n" % json.dumps({"kv_connector": self.connector}))
+
+
+def test_pinned_ports_come_from_the_bundle_and_the_role_default():
+    import yaml
+    base = yaml.safe_load((INFRA.parents[1] / "roles/vllm/defaults/main.yml").read_text())["vllm_side_channel_port_base"]
+    stride = conftest.BUNDLE.SIDE_CHANNEL_STRIDE
+    insts = [{"name": "prefill0", "port": 8100}, {"name": "prefill1", "port": 8101, "tensor_parallel_size": 2},
+             {"name": "prefill2", "port": 8102, "host_ip": "10.0.0.9", "side_channel_port": 20000}]
+    assert units.pinned_side_channels(_PrefillHost(insts)) == {
+        "prefill0": ("172.30.0.21", [base]), "prefill1": ("172.30.0.21", [base + stride, base + stride + 1]),
+        "prefill2": ("10.0.0.9", [20000])}
+    assert units.pinned_side_channels(_PrefillHost(insts[:1], base=30000)) == {"prefill0": ("172.30.0.21", [30000])}
+    # store mode: no side channel to look for
+    assert units.pinned_side_channels(_PrefillHost(insts, connector="MooncakeStoreConnector")) == {}
+
+
 def test_host_ip_sockets_need_the_exact_address():
     socks = conftest.parse_ss_listeners(SS)
     assert ("172.30.0.11", 2379) in socks and ("fe80::1", 7000) in socks and ("::", 29000) in socks
@@ -313,3 +389,113 @@ def test_streamed_chat_fails_on_a_broken_stream(lines):
             e2e.streamed_chat(fake.api(), "m")
     finally:
         fake.close()
+
+
+# --- store mode end to end: one try, and the store-lookup wait seen running ---------------------------------
+
+class _Cluster:
+    """kv_request's view of a cluster: every request misses the store (the KV does not arrive) unless told
+    otherwise; the masters' view changes during the requests listed in failover_during."""
+
+    def __init__(self, monkeypatch, connector="MooncakeStoreConnector", arrives=(), failover_during=()):
+        self.sent, self.view, self.arrives, self.failover_during = 0, 1, set(arrives), set(failover_during)
+        monkeypatch.setattr(e2e, "deployed_connector", lambda request, host: connector)
+        monkeypatch.setattr(e2e, "master_views", lambda request, host: [self.view, self.view])
+        monkeypatch.setattr(e2e, "decode_counters", lambda request, host: (0.0, 0.0))
+        monkeypatch.setattr(e2e, "assert_kv_arrived", self.arrived)
+
+    def send(self):
+        self.sent += 1
+        if self.sent in self.failover_during:
+            self.view += 1
+        return 300
+
+    def arrived(self, request, host, tokens, ext0, local0, what):
+        assert self.sent in self.arrives, "%s: decode computed the prompt" % what
+
+
+def test_a_store_miss_fails_at_once_without_a_retry(monkeypatch):
+    """A decode whose store-lookup wait stopped working misses the store: the first miss fails the test (the old
+    test sent up to 3 requests and passed when one of them found the blocks by chance)."""
+    c = _Cluster(monkeypatch, arrives={2, 3})
+    with pytest.raises(AssertionError, match="decode computed the prompt"):
+        e2e.kv_request(None, None, c.send, "completion")
+    assert c.sent == 1
+    c = _Cluster(monkeypatch, arrives={1})
+    e2e.kv_request(None, None, c.send, "completion")
+    assert c.sent == 1
+
+
+def test_only_a_master_failover_during_the_request_earns_one_more(monkeypatch, capsys):
+    c = _Cluster(monkeypatch, arrives={2}, failover_during={1})
+    e2e.kv_request(None, None, c.send, "completion")
+    assert c.sent == 2 and "a master failover happened during the request (view [1, 1] -> [2, 2])" in capsys.readouterr().out
+    c = _Cluster(monkeypatch, arrives=(), failover_during={1, 2})
+    with pytest.raises(AssertionError):
+        e2e.kv_request(None, None, c.send, "completion")
+    assert c.sent == 1 + e2e.FAILOVER_RETRIES
+    c = _Cluster(monkeypatch, connector="MooncakeConnector", arrives={2})  # P2P: no store, one try
+    with pytest.raises(AssertionError):
+        e2e.kv_request(None, None, c.send, "completion")
+    assert c.sent == 1
+
+
+class _DecodeHost:
+    """A store-mode decode host: its instance's env file and its unit's journal of the current run."""
+
+    def __init__(self, env, journal, connector="MooncakeStoreConnector"):
+        self.env, self.journal, self.connector, self.ran = env, journal, connector, []
+        variables = {"inventory_hostname": "decode1", "groups": {"vllm_decode": ["decode1"]},
+                     "vllm_instances": [{"name": "decode0", "port": 8200}], "common_host_ip": "172.30.0.31"}
+        self.ansible = SimpleNamespace(get_variables=lambda: dict(variables))
+
+    def file(self, path):
+        assert path == "/etc/vllm/decode0.env"
+        cfg = json.dumps({"kv_connector": self.connector, "kv_role": "kv_consumer"})
+        return SimpleNamespace(content_string="SERVE_KV_TRANSFER_CONFIG='%s'\n%s" % (cfg, self.env))
+
+    def check_output(self, cmd):
+        if cmd == "id -u":
+            return "0"
+        assert cmd == "systemctl show -p InvocationID --value vllm@decode0"
+        return "0123abcd"
+
+    def run(self, cmd):
+        self.ran.append(cmd)
+        assert cmd == "journalctl _SYSTEMD_INVOCATION_ID=0123abcd -o cat --no-pager"
+        return SimpleNamespace(rc=0, stdout=self.journal, stderr="")
+
+
+def _store_wait():
+    """plugins/tools/pd_bundle_store_wait.py, as the unit tests of the patch load it."""
+    spec = importlib.util.spec_from_file_location("pd_bundle_store_wait_constants",
+                                                  INFRA.parents[1] / "plugins" / "tools" / "pd_bundle_store_wait.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # no wait in this process's environment: it hooks nothing
+    return mod
+
+
+def test_store_lookup_wait_must_be_seen_active_in_the_decodes_journal():
+    sw = _store_wait()
+    assert (e2e.store_wait_constant("WAIT_ENV"), e2e.store_wait_constant("ACTIVE")) == (sw.WAIT_ENV, sw.ACTIVE)
+    env = "%s=5000\n" % sw.WAIT_ENV
+    started = "(EngineCore pid=77) %s: a lookup that finds fewer than the prompt's whole blocks (128 tokens each) is " \
+              "retried for up to 5000 ms (%s)\n" % (sw.ACTIVE, sw.WAIT_ENV)
+    e2e.test_store_lookup_wait_is_active(_DecodeHost(env, "INFO Starting vLLM\n" + started))
+    # a wait that is not hooked (or was renamed away) prints nothing: the env file alone proves nothing
+    with pytest.raises(AssertionError, match="vllm@decode0 sets PD_BUNDLE_STORE_LOOKUP_WAIT_MS=5000, but .* no "
+                                             "'pd-bundle: store lookup wait active' line"):
+        e2e.test_store_lookup_wait_is_active(_DecodeHost(env, "INFO Starting vLLM\n"))
+    # a scheduler that waits another time than the env file says
+    with pytest.raises(AssertionError, match="retried for up to 5000 ms"):
+        e2e.test_store_lookup_wait_is_active(_DecodeHost(env, started.replace("5000 ms", "1000 ms")))
+
+
+@pytest.mark.parametrize("env, connector", [("PD_BUNDLE_STORE_LOOKUP_WAIT_MS=0\n", "MooncakeStoreConnector"),
+                                            ("", "MooncakeStoreConnector"),
+                                            ("PD_BUNDLE_STORE_LOOKUP_WAIT_MS=5000\n", "MooncakeConnector")])
+def test_no_store_wait_to_see_skips(env, connector):
+    host = _DecodeHost(env, "", connector)
+    with pytest.raises(pytest.skip.Exception):
+        e2e.test_store_lookup_wait_is_active(host)
+    assert host.ran == []
