@@ -131,6 +131,19 @@ def unit_state(host, unit):
     return dict(line.split("=", 1) for line in out.split())
 
 
+def vip_taken_from_journal(text, since_epoch, state="MASTER"):
+    """The first "Entering <state> STATE" at or after since_epoch in `journalctl -o short-unix` text, or None."""
+    for line in text.splitlines():
+        stamp, _, rest = line.partition(" ")
+        try:
+            t = float(stamp)
+        except ValueError:
+            continue
+        if t >= since_epoch and f"Entering {state} STATE" in rest:
+            return t
+    return None
+
+
 def wait_for(pred, limit, step=0.5):
     """Seconds until pred() is true, or None after limit seconds."""
     t0 = time.monotonic()
@@ -164,6 +177,15 @@ class Lab:
     def vip_holder(self):
         """The entry host that carries the VIP now (None: none does; several: the first)."""
         return next((h for h in self.args.entry if self.holds_vip(h)), None)
+
+    def vip_taken_at(self, host, since_epoch, state="MASTER"):
+        """When `host` took the VIP (state BACKUP: gave it up) after since_epoch, by keepalived's own journal
+        ("Entering MASTER STATE", epoch seconds; the containers share the controller's clock), else None. Exact
+        where polling with `docker exec` adds its own latency (0.3-7 s on the loaded lab, the most right after a
+        container resumes), so the VIP-move bounds measure keepalived, not docker."""
+        res = sh(host, "journalctl", "-u", "keepalived", "-o", "short-unix", "--no-pager",
+                 "--since", "@%d" % int(since_epoch), check=False, timeout=30)
+        return vip_taken_from_journal(res.stdout, since_epoch, state)
 
     def router_ok_n(self, n=3):
         return load.serves(self.router, self.model, self.key, n, prompt=self.PROBE)
@@ -301,6 +323,7 @@ def drill_entry_stop(lab, unit, kind, goal_s):
         return r
     others = [h for h in lab.args.entry if h != holder]
     lab.router_settled()
+    before = time.time()
     sh(holder, "systemctl", "stop", unit)
     t0, epoch = time.monotonic(), time.time()
     attempt = {}
@@ -312,7 +335,12 @@ def drill_entry_stop(lab, unit, kind, goal_s):
             return lab.router_ok_n()
         routed = wait_for(serves, lab.args.limit) if moved is not None else None
         routed = None if routed is None else attempt["sent"] - t0
-        r.update(vip_moved_s=None if moved is None else round(moved, 1), new_holder=lab.vip_holder(),
+        new_holder = lab.vip_holder()
+        taken = lab.vip_taken_at(new_holder, before) if moved is not None and new_holder else None
+        r.update(vip_seen_s=None if moved is None else round(moved, 1), vip_moved_by="journal" if taken else "polling")
+        # from the moment `systemctl stop` returned (a keepalived that stops hands the VIP over while it stops: 0)
+        moved = moved if taken is None else max(0.0, taken - epoch)
+        r.update(vip_moved_s=None if moved is None else round(moved, 1), new_holder=new_holder,
                  router_ok_s=None if routed is None else round(routed, 1),
                  # the failures before the VIP moved are the in-flight ones; after it, every request must succeed
                  recovery_s=None if moved is None else round(moved, 1),
@@ -341,6 +369,7 @@ def drill_entry_freeze(lab, freeze_s, watch_s, goal_s):
     lab.router_settled()
     paced = load.OpenLoop(lab.router, lab.model, lab.key, every=0.5, timeout=60, tag="freeze").start()
     time.sleep(5)  # the client's pool holds warm connections to the holder, as a long-running client's does
+    before = time.time()
     subprocess.run([DOCKER, "pause", holder], check=True, capture_output=True, timeout=60)
     t0, freeze_epoch = time.monotonic(), time.time()
     try:
@@ -356,8 +385,16 @@ def drill_entry_freeze(lab, freeze_s, watch_s, goal_s):
             holders.append((round(time.time() - resume_epoch, 1), now))
         time.sleep(0.2)
     records = paced.stop()
+    new_holder = lab.vip_holder()
+    taken = lab.vip_taken_at(new_holder, before) if moved is not None and new_holder else None
+    # The new holder's own word that it gave the VIP up again (a flip-back the sampling could miss).
+    gave_up = lab.vip_taken_at(new_holder, taken, "BACKUP") if taken else None
+    seen = moved
+    moved = moved if taken is None else max(0.0, taken - freeze_epoch)
     moved_epoch = None if moved is None else freeze_epoch + moved
-    r.update(vip_moved_s=None if moved is None else round(moved, 1), new_holder=lab.vip_holder(),
+    r.update(vip_moved_s=None if moved is None else round(moved, 1), new_holder=new_holder,
+             vip_seen_s=None if seen is None else round(seen, 1), vip_moved_by="journal" if taken else "polling",
+             new_holder_gave_up_s=None if gave_up is None else round(gave_up - freeze_epoch, 1),
              freeze_epoch=freeze_epoch, moved_epoch=moved_epoch, resumed_s=round(resume_epoch - freeze_epoch, 1),
              holders_after_resume=holders, recovery_s=None if moved is None else round(moved, 1),
              recovery_epoch=moved_epoch, paced=paced_classes(records, freeze_epoch, moved_epoch))
@@ -395,7 +432,7 @@ def freeze_problems(r):
     if r["vip_moved_s"] is None or r["vip_moved_s"] > r["limit_s"]:
         out.append(f"{where}: the VIP did not move to another entry host within {r['limit_s']} s: {r}")
     flips = [h for _, h in r["holders_after_resume"] if h != [r["new_holder"]]]
-    if r["new_holder"] in (None, r["host"]) or flips:
+    if r["new_holder"] in (None, r["host"]) or flips or r.get("new_holder_gave_up_s") is not None:
         out.append(f"{where}: after the resume the VIP did not stay on one other entry host "
                    f"(holders from the resume on: {r['holders_after_resume']})")
     paced = r["paced"]

@@ -11,6 +11,7 @@ A completion and a streamed chat completion through the entry, whose KV arrives 
 tests/infra/test_e2e.py.
 """
 import json
+import re
 import socket
 import ssl
 import time
@@ -121,3 +122,26 @@ def test_reload_retires_the_old_workers(host):
                                    'they keep serving the old key map' % (sorted(old & now), sorted(now)))
     assert len(now) == 1, 'one worker expected after the reload, found %s' % sorted(now)
 
+
+
+def test_completion_ids_do_not_show_the_cluster(host):
+    """Through the entry, with the official SDK (keep-alive, no retries), a completion and a streamed one: no id, no
+    body and no header shows an instance's address (vllm-router puts them in the id; the entry's Lua filter cuts
+    them out, templates/entry/hide-topology.lua.j2)."""
+    if not first_entry(host):
+        pytest.skip('checked once, from this machine through the entry')
+    import openai
+    v = entry_cfg(host)
+    base, _, key, ctx = entry_client(host)
+    model = inventory_value(host.ansible.get_variables().get('vllm_served_model_name', ''), v)
+    client = openai.OpenAI(base_url=base + '/v1', api_key=key, max_retries=0, timeout=300,
+                           http_client=openai.DefaultHttpx2Client(verify=ctx, timeout=300))
+    raw = client.completions.with_raw_response.create(model=model, prompt='the entry hides the cluster ' * 20,
+                                                      max_tokens=4, temperature=0)
+    ids = [raw.parse().id]
+    headers = ' '.join('%s: %s' % kv for kv in raw.headers.items())
+    ids += [c.id for c in client.completions.create(model=model, prompt='streamed through the entry ' * 20,
+                                                    max_tokens=4, temperature=0, stream=True)]
+    assert len(ids) > 2 and all(i.startswith('cmpl-') for i in ids), ids
+    leaks = [i for i in ids + [headers] if 'addr' in i or re.search(r'\d+\.\d+\.\d+\.\d+', i)]
+    assert not leaks, 'the cluster shows through the entry: %s' % leaks

@@ -299,6 +299,8 @@ def test_frozen_holder_drill_fails_on_a_flip_back_a_slow_move_or_a_late_failure(
     assert "did not stay" in drills.freeze_problems(flip)[0]
     assert "did not stay" in drills.freeze_problems(dict(r, holders_after_resume=[(0.0, ["entry1", "entry2"])]))[0]
     assert "did not stay" in drills.freeze_problems(dict(r, new_holder="entry1"))[0]
+    # keepalived's journal on the new holder says it gave the VIP up, though every sample saw it there
+    assert "did not stay" in drills.freeze_problems(dict(r, new_holder_gave_up_s=27.3))[0]
     late = recs + [{"sent": 1030.0, "ended": 1030.1, "ok": False, "error": "Server disconnected"}]
     problems = drills.freeze_problems(dict(r, paced=drills.paced_classes(late, freeze, moved)))
     assert any("sent after the VIP moved failed" in p for p in problems), problems
@@ -370,3 +372,15 @@ def test_lab_info_prints_the_entry_url_and_a_curl_with_a_key_it_reads_not_prints
     head = "\n".join(readme.splitlines()[:25])
     assert "KEY=" in head and "curl " in head and url in head
     assert not any(k in readme for k in keys.values())
+
+
+def test_vip_move_time_comes_from_keepalived_journal():
+    """The VIP-move bounds read keepalived's own "Entering MASTER STATE" time, not a docker-exec poll."""
+    text = ("1000.1 entry2 Keepalived_vrrp[9]: (entry_vip) Entering BACKUP STATE\n"
+            "-- Boot --\n"
+            "999.0 entry2 Keepalived_vrrp[9]: (entry_vip) Entering MASTER STATE\n"
+            "1003.6 entry2 Keepalived_vrrp[9]: (entry_vip) Entering MASTER STATE\n"
+            "1010.0 entry2 Keepalived_vrrp[9]: (entry_vip) Entering MASTER STATE\n")
+    assert drills.vip_taken_from_journal(text, 1000.0) == 1003.6
+    assert drills.vip_taken_from_journal(text, 1011.0) is None
+    assert drills.vip_taken_from_journal(text, 1000.0, "BACKUP") == 1000.1
