@@ -6,6 +6,9 @@
 - bundle_status_host_rows: one host's unit rows from what its probes returned (see host_rows)
 - bundle_status_units: every expected unit's row; a host that did not report gets 'unreachable' rows
 - bundle_status_gpu_host: one vLLM host's GPU line (driver, CUDA, persistence, fabric manager, GPUDirect)
+- bundle_status_entry_host: one entry host's line (HAProxy, keepalived, the VIP, HAProxy's routers, TLS days)
+- bundle_status_monitoring_host: one monitoring host's line (Prometheus targets up/total, Alertmanager)
+- bundle_status_reported: each host's line of a section (a fact it set), 'unreachable' for one that did not report
 
 Input, one dict per cluster, assembled by the playbook from what each host reported:
   name:  cluster name
@@ -36,10 +39,25 @@ transfer, a transfer whose Mooncake/raw-TCP ratio is below the protocol's floor 
 host's GPU problem (no driver loaded; NVSwitch without an active fabric manager of the driver's version;
 no GPUDirect path for rdma_gpudirect: plugins/filter/gpu_checks.py). Persistence off is shown, not red.
 A tcp cluster (no RDMA) shows tcp and n/a for NICs, GID and link rate; that is not red.
+
+  entry_vip: the VIP with 2+ entry hosts ('' with one: no keepalived, no VIP line)
+  entry_hosts: one line per entry host (bundle_status_entry_host): host, haproxy, keepalived, vrrp, vip_held,
+         servers (HAProxy's view of its routers), cert_days, warn_days, problems
+  monitoring_hosts: one line per monitoring host (bundle_status_monitoring_host): host, prometheus, targets_up,
+         targets_total, targets_down, alertmanager, alertmanager_healthy, problems
+Red (entry): the VIP on no entry host or on two or more; per entry host: HAProxy not running or its stats not read,
+a server (router) of HAProxy's not UP, keepalived not running or in FAULT, or its state disagreeing with the
+address (MASTER without the VIP, BACKUP with it), the TLS certificate not read or expiring in fewer days than
+entry_tls_warn_days. Red (monitoring): Prometheus not running, its targets not read, none, or one down;
+Alertmanager not running or /-/healthy not 200. An entry or monitoring host that did not answer is red.
 """
 import base64
+import calendar
+import csv
 import os
+import re
 import runpy
+import time
 
 _load = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
 _mooncake_etcd = _load('mooncake_etcd')
@@ -184,6 +202,9 @@ def bundle_status_red(data):
                     elif _below_floor(res):
                         red.append('transfer %s: Mooncake/raw-TCP ratio %s below the floor %s'
                                    % (_pair_name(res), _txt(res.get('ratio')), _txt(res.get('min_ratio'))))
+    red.extend(_vip_problems(data))
+    red.extend('%s: %s' % (e.get('host'), p) for e in data.get('entry_hosts') or [] for p in e.get('problems') or [])
+    red.extend('%s: %s' % (m.get('host'), p) for m in data.get('monitoring_hosts') or [] for p in m.get('problems') or [])
     return red
 
 
@@ -268,6 +289,8 @@ def bundle_status_table(data):
                         row.append('%s / link %s' % (_gbytes(slowest), _gbytes(link)))
                 rows.append(row)
             out.extend(_table(['prefill \\ decode'] + list(decodes), rows))
+    out.extend(_entry_lines(data))
+    out.extend(_monitoring_lines(data))
 
     if red:
         out.append('')
@@ -444,6 +467,254 @@ def bundle_status_etcd_view(r):
     return out
 
 
+# ---- The entry (HAProxy, keepalived, the VIP) and the monitoring hosts ----
+
+def _cmd_out(result):
+    """A command's stdout when it ran and exited 0, else None (ansible.builtin.command's registered result)."""
+    result = result or {}
+    if result.get('skipped') or result.get('rc') != 0:
+        return None
+    return result.get('stdout') or ''
+
+
+def _cmd_error(result, what):
+    result = result or {}
+    text = result.get('stderr') or result.get('msg') or 'rc %s' % result.get('rc')
+    return '%s not read: %s' % (what, _trunc(' '.join(str(text).split()), 80))
+
+
+def bundle_status_haproxy_servers(stat_csv):
+    """HAProxy's servers from its `show stat` CSV (the header line starts '# pxname,svname,'): [{backend, server,
+    status ('UP', 'UP 1/2', 'DOWN', 'MAINT', 'no check', ...)}]; FRONTEND and BACKEND lines are left out."""
+    lines = [ln for ln in (stat_csv or '').splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith('# '):
+        return []
+    rows = csv.DictReader([lines[0][2:]] + lines[1:])
+    return [{'backend': row.get('pxname'), 'server': row.get('svname'), 'status': (row.get('status') or '').strip()}
+            for row in rows if row.get('svname') not in ('FRONTEND', 'BACKEND', None)]
+
+
+def _server_up(server):
+    """UP (also 'UP 1/2': one failed check of fall 2) or not checked; DOWN, MAINT, DRAIN, NOLB are not up."""
+    status = server.get('status') or ''
+    return status == 'UP' or status.startswith('UP ') or status == 'no check'
+
+
+_MONTHS = dict((m, i) for i, m in enumerate(
+    ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'], 1))
+
+
+def bundle_status_cert_days(enddate, now=None):
+    """Whole days until a certificate's notAfter ('notAfter=Mar  9 12:00:00 2027 GMT', openssl x509 -enddate),
+    negative once expired; None when the text is not such a date. now: epoch seconds (default: this moment)."""
+    m = re.search(r'notAfter=(\w{3})\s+(\d{1,2})\s+(\d{2}):(\d{2}):(\d{2})\s+(\d{4})\s+GMT', enddate or '')
+    if not m or m.group(1) not in _MONTHS:
+        return None
+    end = calendar.timegm((int(m.group(6)), _MONTHS[m.group(1)], int(m.group(2)),
+                           int(m.group(3)), int(m.group(4)), int(m.group(5)), 0, 0, 0))
+    return int((end - (time.time() if now is None else float(now))) // 86400)
+
+
+def bundle_status_keepalived_state(journal):
+    """keepalived's VRRP state from its journal (the last '(<instance>) Entering <STATE> STATE' line: MASTER, BACKUP,
+    FAULT, ...); None when there is none (a journal rotated since keepalived last changed state)."""
+    states = re.findall(r'Entering ([A-Z]+) STATE', journal or '')
+    return states[-1] if states else None
+
+
+def _vip_held(ip_addr, vip):
+    """Whether `ip -o -4 addr show` lists vip (on any interface)."""
+    return bool(vip) and re.search(r'\sinet\s+%s/' % re.escape(str(vip)), ip_addr or '') is not None
+
+
+def _haproxy_problems(haproxy, stat, servers):
+    if haproxy != 'running':
+        return ['haproxy is %s' % haproxy]
+    if stat is None:
+        return []
+    if not servers:
+        return ['HAProxy has no servers (routers) in its stats']
+    return ['HAProxy server %s/%s is %s' % (s['backend'], s['server'], s['status'] or '?')
+            for s in servers if not _server_up(s)]
+
+
+def _keepalived_problems(keepalived, vrrp, vip_held):
+    if keepalived is None:  # one entry host: no keepalived
+        return []
+    if keepalived != 'running':
+        return ['keepalived is %s' % keepalived]
+    if vrrp == 'FAULT':
+        return ['keepalived is in FAULT state (its check of the local HAProxy fails)']
+    if vrrp == 'MASTER' and vip_held is False:
+        return ['keepalived is MASTER but the VIP is not on this host']
+    if vrrp and vrrp != 'MASTER' and vip_held:
+        return ['keepalived is %s but this host holds the VIP' % vrrp]
+    return []
+
+
+def _tls_problems(days, warn_days):
+    if days is None:
+        return []
+    if days < 0:
+        return ['TLS certificate expired %d days ago' % -days]
+    if days < int(warn_days):
+        return ['TLS certificate expires in %d days, under entry_tls_warn_days (%d)' % (days, int(warn_days))]
+    return []
+
+
+def bundle_status_entry_host(r):
+    """One entry host's line. r: {host, services (service_facts), keepalived (bool: 2+ entry hosts run it), vip,
+    ip_addr, journal, stat, cert (ansible.builtin.command results: `ip -o -4 addr show`, keepalived's journal,
+    HAProxy's `show stat`, `openssl x509 -enddate`), warn_days (entry_tls_warn_days), now (epoch seconds, optional)}."""
+    svc = r.get('services') or {}
+    haproxy = _unit(svc, 'haproxy').get('state') or 'absent'
+    keepalived = (_unit(svc, 'keepalived').get('state') or 'absent') if r.get('keepalived') else None
+    problems = []
+    stat = _cmd_out(r.get('stat'))
+    servers = bundle_status_haproxy_servers(stat) if stat is not None else []
+    if stat is None and haproxy == 'running':
+        problems.append(_cmd_error(r.get('stat'), "HAProxy's stats (master socket)"))
+    problems += _haproxy_problems(haproxy, stat, servers)
+    vip_held, vrrp = None, None
+    if r.get('keepalived'):
+        addrs = _cmd_out(r.get('ip_addr'))
+        vip_held = None if addrs is None else _vip_held(addrs, r.get('vip'))
+        if addrs is None:
+            problems.append(_cmd_error(r.get('ip_addr'), 'addresses (ip addr)'))
+        vrrp = bundle_status_keepalived_state(_cmd_out(r.get('journal'))) if keepalived == 'running' else None
+        problems += _keepalived_problems(keepalived, vrrp, vip_held)
+    cert = _cmd_out(r.get('cert'))
+    days = bundle_status_cert_days(cert, r.get('now')) if cert is not None else None
+    if days is None:
+        problems.append(_cmd_error(r.get('cert'), 'TLS certificate') if cert is None
+                        else 'TLS certificate end date not understood: %s' % _trunc(cert, 60))
+    problems += _tls_problems(days, r.get('warn_days') or 0)
+    return {'host': r.get('host'), 'haproxy': haproxy, 'keepalived': keepalived, 'vrrp': vrrp, 'vip_held': vip_held,
+            'servers': servers, 'stats_read': stat is not None, 'cert_days': days,
+            'warn_days': int(r.get('warn_days') or 0), 'problems': problems}
+
+
+def bundle_status_prometheus_targets(targets):
+    """Prometheus' /api/v1/targets?state=active answer (its JSON) -> {up, total, down: ['job/instance', ...]}; a target
+    not scraped yet ('unknown') counts in total, not as down."""
+    active = ((targets or {}).get('data') or {}).get('activeTargets') or []
+    down = ['%s/%s' % ((t.get('labels') or {}).get('job'), (t.get('labels') or {}).get('instance'))
+            for t in active if t.get('health') == 'down']
+    return {'up': sum(1 for t in active if t.get('health') == 'up'), 'total': len(active), 'down': down}
+
+
+def _prometheus_problems(prometheus, read, counts):
+    if prometheus != 'running':
+        return ['prometheus is %s' % prometheus]
+    if read:
+        return [read]
+    if not counts['total']:
+        return ['Prometheus has no scrape targets']
+    if counts['down']:
+        more = len(counts['down']) - 8
+        return ['Prometheus targets %d/%d up; down: %s%s' % (counts['up'], counts['total'], ', '.join(counts['down'][:8]),
+                                                              ' (+%d more)' % more if more > 0 else '')]
+    return []
+
+
+def bundle_status_monitoring_host(r):
+    """One monitoring host's line. r: {host, services (service_facts), targets (uri of Prometheus'
+    /api/v1/targets?state=active), alertmanager (uri of Alertmanager's /-/healthy)}."""
+    svc = r.get('services') or {}
+    prometheus = _unit(svc, 'prometheus').get('state') or 'absent'
+    alertmanager = _unit(svc, 'prometheus-alertmanager').get('state') or 'absent'
+    t = r.get('targets') or {}
+    ok = t.get('status', -1) == 200 and isinstance(t.get('json'), dict) and t['json'].get('status') == 'success'
+    counts = bundle_status_prometheus_targets(t.get('json') if ok else None)
+    read = None if ok else "Prometheus' targets not read: %s %s" % (t.get('status', -1), _trunc(t.get('msg') or '', 60))
+    problems = _prometheus_problems(prometheus, read, counts)
+    am = r.get('alertmanager') or {}
+    healthy = am.get('status', -1) == 200
+    if alertmanager != 'running':
+        problems.append('prometheus-alertmanager is %s' % alertmanager)
+    elif not healthy:
+        problems.append('Alertmanager /-/healthy: %s %s' % (am.get('status', -1), _trunc(am.get('msg') or '', 60)))
+    return {'host': r.get('host'), 'prometheus': prometheus, 'targets_read': ok, 'targets_up': counts['up'],
+            'targets_total': counts['total'], 'targets_down': counts['down'], 'alertmanager': alertmanager,
+            'alertmanager_healthy': healthy, 'problems': problems}
+
+
+def bundle_status_reported(hosts, hostvars, fact):
+    """Each host's line of a section, the fact it set (_status_entry, _status_monitoring); a host that did not set
+    it (unreachable, failed) gets {'host', 'unreachable': True, 'problems': ['host did not answer']}."""
+    out = []
+    for host in hosts or []:
+        hv = hostvars[host] if host in hostvars else {}
+        mine = hv[fact] if fact in hv else None
+        out.append(mine if mine else {'host': host, 'unreachable': True, 'problems': ['host did not answer']})
+    return out
+
+
+def _vip_problems(data):
+    """The VIP on exactly one entry host (with 2+ entry hosts; '' entry_vip: no keepalived, nothing to check)."""
+    vip, hosts = data.get('entry_vip'), data.get('entry_hosts') or []
+    if not vip or not hosts:
+        return []
+    holders = [e['host'] for e in hosts if e.get('vip_held')]
+    if len(holders) > 1:
+        return ['VIP %s on %d hosts: %s (keepalived should hold it on one)' % (vip, len(holders), ', '.join(holders))]
+    if not holders:
+        silent = [e['host'] for e in hosts if e.get('vip_held') is None]
+        return ['VIP %s on no entry host%s' % (vip, ' that answered (not read: %s)' % ', '.join(silent) if silent else '')]
+    return []
+
+
+def _entry_lines(data):
+    hosts = data.get('entry_hosts') or []
+    if not hosts:
+        return []
+    vip = data.get('entry_vip')
+    out = ['', 'Entry (HAProxy%s; routers as HAProxy sees them; TLS: days left, red under entry_tls_warn_days)'
+           % (', keepalived, VIP %s' % vip if vip else '')]
+    if vip:
+        holders = [e['host'] for e in hosts if e.get('vip_held')]
+        out.append('%s VIP %s: %s' % (RED if _vip_problems(data) else OK, vip,
+                                      'on ' + ', '.join(holders) if holders else 'on no entry host'))
+    rows = []
+    for e in hosts:
+        if e.get('unreachable'):
+            rows.append([RED, _txt(e.get('host')), 'unreachable', '', '', '', ''])
+            continue
+        servers = e.get('servers') or []
+        down = [s['server'] for s in servers if not _server_up(s)]
+        routers = ('%d/%d up' % (len(servers) - len(down), len(servers)) + ('; down: ' + ','.join(down) if down else '')
+                   if e.get('stats_read') else 'not read')
+        keepalived = ('n/a (one entry host)' if e.get('keepalived') is None
+                      else e['keepalived'] + (' ' + (e.get('vrrp') or '?') if e['keepalived'] == 'running' else ''))
+        vip_cell = 'n/a' if e.get('keepalived') is None else {True: 'held', False: '-'}.get(e.get('vip_held'), '?')
+        days = e.get('cert_days')
+        tls = 'not read' if days is None else ('expired %d days ago' % -days if days < 0 else '%d days' % days)
+        rows.append([RED if e.get('problems') else OK, _txt(e.get('host')), _txt(e.get('haproxy')), keepalived,
+                     vip_cell, routers, tls])
+    out.extend(_table(['', 'host', 'haproxy', 'keepalived', 'VIP', 'routers', 'TLS'], rows))
+    return out
+
+
+def _monitoring_lines(data):
+    hosts = data.get('monitoring_hosts') or []
+    if not hosts:
+        return []
+    rows = []
+    for m in hosts:
+        if m.get('unreachable'):
+            rows.append([RED, _txt(m.get('host')), 'unreachable', '', ''])
+            continue
+        down = m.get('targets_down') or []
+        targets = ('%d/%d up' % (m.get('targets_up') or 0, m.get('targets_total') or 0)
+                   + ('; down: %s' % ','.join(down[:3]) + (' +%d' % (len(down) - 3) if len(down) > 3 else '') if down else '')
+                   if m.get('targets_read') else 'not read')
+        am = _txt(m.get('alertmanager')) + (', healthy' if m.get('alertmanager_healthy') else ', not healthy'
+                                            if m.get('alertmanager') == 'running' else '')
+        rows.append([RED if m.get('problems') else OK, _txt(m.get('host')), _txt(m.get('prometheus')), targets, am])
+    return ['', 'Monitoring (Prometheus targets up of total, Alertmanager /-/healthy)'] + _table(
+        ['', 'host', 'prometheus', 'targets', 'alertmanager'], rows)
+
+
 def bundle_status_units(expected, hostvars):
     """Every expected unit's row: a host's own rows (its _status_units fact) when it reported, else
     'unreachable' ones."""
@@ -469,4 +740,7 @@ class FilterModule(object):
             'bundle_status_units': bundle_status_units,
             'bundle_status_etcd_view': bundle_status_etcd_view,
             'bundle_status_gpu_host': bundle_status_gpu_host,
+            'bundle_status_entry_host': bundle_status_entry_host,
+            'bundle_status_monitoring_host': bundle_status_monitoring_host,
+            'bundle_status_reported': bundle_status_reported,
         }

@@ -371,3 +371,219 @@ def test_gpu_line_over_tcp_and_without_facts_or_driver(tmp_path):
 
 def test_no_gpu_section_without_gpu_hosts():
     assert "GPU stack" not in status.bundle_status_table(green_lab())
+
+
+# --- The entry (bundle_status_entry_host: HAProxy, keepalived, the VIP, TLS) and the monitoring host
+# (bundle_status_monitoring_host), each from what its probes registered ---
+
+STAT_HEADER = ("# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status,"
+               "weight,act,bck,chkfail,chkdown,lastchg,downtime,qlimit,pid,iid,sid,throttle,lbtot,tracked,type,rate,")
+
+
+def _stat(*servers, extra=""):
+    """HAProxy's `show stat` CSV (master CLI, @1) with one line per (server, status) of vllm_routers."""
+    lines = [STAT_HEADER] + ["vllm_routers,%s,0,0,0,1,,12,0,0,,0,,0,0,0,0,%s,1,1,0,0,0,55,0,,1,4,%d,,12,,2,0,"
+                             % (name, st, n) for n, (name, st) in enumerate(servers, 1)]
+    return {"rc": 0, "stdout": "\n".join(lines) + extra + "\n\n"}
+
+
+def _ok(stdout):
+    return {"rc": 0, "stdout": stdout}
+
+
+IP_ADDR = ("1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever\n"
+           "2: eth0    inet 172.30.0.51/24 brd 172.30.0.255 scope global eth0\\       valid_lft forever\n")
+IP_ADDR_VIP = IP_ADDR + "2: eth0    inet 172.30.0.50/24 scope global secondary eth0\\       valid_lft forever\n"
+NOW = 1767225600  # 2026-01-01 00:00:00 UTC
+CERT_365 = _ok("notAfter=Jan  1 00:00:00 2027 GMT")
+
+
+def _entry(host="entry1", vip_here=True, vrrp="MASTER", keepalived="running", haproxy="running", stat=None,
+           cert=CERT_365, warn_days=30, **kw):
+    services = dict(_svc("haproxy", state=haproxy), **_svc("keepalived", state=keepalived))
+    r = {"host": host, "services": services, "keepalived": True, "vip": "172.30.0.50",
+         "ip_addr": _ok(IP_ADDR_VIP if vip_here else IP_ADDR),
+         "journal": _ok("(entry_vip) Entering %s STATE" % vrrp) if vrrp else _ok(""),
+         "stat": stat or _stat(("router1", "UP"), ("router2", "UP")), "cert": cert, "warn_days": warn_days, "now": NOW}
+    r.update(kw)
+    return status.bundle_status_entry_host(r)
+
+
+def _monitoring(targets=None, am_status=200, prometheus="running", alertmanager="running"):
+    active = targets if targets is not None else [
+        {"labels": {"job": "node", "instance": "etcd3"}, "health": "up"},
+        {"labels": {"job": "vllm", "instance": "decode2/decode0"}, "health": "up"}]
+    return status.bundle_status_monitoring_host({
+        "host": "etcd3", "services": dict(_svc("prometheus", state=prometheus),
+                                          **_svc("prometheus-alertmanager", state=alertmanager)),
+        "targets": {"status": 200, "json": {"status": "success", "data": {"activeTargets": active, "droppedTargets": []}}},
+        "alertmanager": {"status": am_status, "msg": "OK" if am_status == 200 else "Status code was -1: refused"}})
+
+
+def front_door(entries=None, monitoring=None):
+    return dict(green_lab(), entry_vip="172.30.0.50",
+                entry_hosts=entries if entries is not None else [_entry(), _entry("entry2", vip_here=False, vrrp="BACKUP")],
+                monitoring_hosts=[monitoring or _monitoring()])
+
+
+def _line(table, *first):
+    """The table line whose first words are first ('RED', 'entry2' / 'ok', 'VIP')."""
+    return next(ln for ln in table.splitlines() if ln.split()[:len(first)] == list(first))
+
+
+def test_haproxy_servers_from_show_stat():
+    out = _stat(("router1", "UP"), ("router2", "DOWN"), ("router3", "UP 1/2"), ("router4", "MAINT"),
+                extra="\nvllm_routers,BACKEND,0,0,0,1,,12,0,0,0,0,,0,0,0,0,UP,1,1,0,,0,55,0,,1,4,0,,12,,1,0,")["stdout"]
+    servers = status.bundle_status_haproxy_servers(out)
+    assert [(s["backend"], s["server"], s["status"]) for s in servers] == [
+        ("vllm_routers", "router1", "UP"), ("vllm_routers", "router2", "DOWN"), ("vllm_routers", "router3", "UP 1/2"),
+        ("vllm_routers", "router4", "MAINT")]
+    assert [status._server_up(s) for s in servers] == [True, False, True, False]
+    assert status.bundle_status_haproxy_servers("") == []
+    assert status.bundle_status_haproxy_servers("Unknown command: 'show stt'\n") == []
+
+
+def test_cert_days_from_openssl_enddate():
+    assert status.bundle_status_cert_days("notAfter=Jan  1 00:00:00 2027 GMT", NOW) == 365
+    assert status.bundle_status_cert_days("notAfter=Jan 10 12:00:00 2026 GMT", NOW) == 9
+    assert status.bundle_status_cert_days("notAfter=Dec 31 00:00:00 2025 GMT", NOW) == -1
+    assert status.bundle_status_cert_days("unable to load certificate", NOW) is None
+    assert status.bundle_status_cert_days("notAfter=Foo  1 00:00:00 2027 GMT", NOW) is None
+
+
+def test_keepalived_state_is_the_last_it_entered():
+    journal = ("(entry_vip) Entering BACKUP STATE (init)\n(entry_vip) Entering MASTER STATE\n"
+               "(entry_vip) Entering FAULT STATE\n(entry_vip) Entering BACKUP STATE\n")
+    assert status.bundle_status_keepalived_state(journal) == "BACKUP"
+    assert status.bundle_status_keepalived_state("(entry_vip) Entering MASTER STATE") == "MASTER"
+    assert status.bundle_status_keepalived_state("") is None
+
+
+def test_front_door_green():
+    data = front_door()
+    assert status.bundle_status_red(data) == []
+    table = status.bundle_status_table(data)
+    assert table.splitlines()[0] == "CLUSTER lab: GREEN"
+    assert _line(table, "ok", "VIP").split() == ["ok", "VIP", "172.30.0.50:", "on", "entry1"]
+    assert _line(table, "ok", "entry1").split() == ["ok", "entry1", "running", "running", "MASTER", "held", "2/2", "up",
+                                                    "365", "days"]
+    assert _line(table, "ok", "entry2").split()[3:6] == ["running", "BACKUP", "-"]
+    assert _line(table, "ok", "etcd3").split() == ["ok", "etcd3", "running", "2/2", "up", "running,", "healthy"]
+
+
+def test_vip_on_no_host_is_red():
+    data = front_door([_entry(vip_here=False, vrrp="BACKUP"), _entry("entry2", vip_here=False, vrrp="BACKUP")])
+    assert status.bundle_status_red(data) == ["VIP 172.30.0.50 on no entry host"]
+    assert _line(status.bundle_status_table(data), "RED", "VIP").endswith("on no entry host")
+
+
+def test_vip_on_two_hosts_is_red():
+    # keepalived stopped on entry2 and the VIP added there by hand (the lab test's fault)
+    data = front_door([_entry(), _entry("entry2", keepalived="stopped")])
+    assert status.bundle_status_red(data) == [
+        "VIP 172.30.0.50 on 2 hosts: entry1, entry2 (keepalived should hold it on one)",
+        "entry2: keepalived is stopped"]
+    table = status.bundle_status_table(data)
+    assert _line(table, "RED", "VIP").endswith("on entry1, entry2")
+    assert _line(table, "RED", "entry2").split()[:5] == ["RED", "entry2", "running", "stopped", "held"]
+    assert _line(table, "ok", "entry1")
+
+
+def test_vip_not_read_on_an_unreachable_host():
+    data = front_door([_entry(vip_here=False, vrrp="BACKUP"), {"host": "entry2", "unreachable": True,
+                                                               "problems": ["host did not answer"]}])
+    assert status.bundle_status_red(data) == ["VIP 172.30.0.50 on no entry host that answered (not read: entry2)",
+                                              "entry2: host did not answer"]
+    assert _line(status.bundle_status_table(data), "RED", "entry2").split() == ["RED", "entry2", "unreachable"]
+
+
+def test_keepalived_fault_and_state_against_the_address_are_red():
+    assert _entry(vrrp="FAULT", vip_here=False)["problems"] == [
+        "keepalived is in FAULT state (its check of the local HAProxy fails)"]
+    assert _entry(vrrp="MASTER", vip_here=False)["problems"] == ["keepalived is MASTER but the VIP is not on this host"]
+    assert _entry(vrrp="BACKUP", vip_here=True)["problems"] == ["keepalived is BACKUP but this host holds the VIP"]
+    # no state line left in the journal (rotated): shown as ?, not red by itself
+    unknown = _entry(vrrp=None)
+    assert unknown["problems"] == [] and unknown["vrrp"] is None
+    assert _line(status.bundle_status_table(front_door([unknown])), "ok", "entry1").split()[3:5] == ["running", "?"]
+
+
+def test_haproxy_router_down_is_red():
+    e = _entry(stat=_stat(("router1", "UP"), ("router2", "DOWN")))
+    assert e["problems"] == ["HAProxy server vllm_routers/router2 is DOWN"]
+    data = front_door([e, _entry("entry2", vip_here=False, vrrp="BACKUP")])
+    assert status.bundle_status_red(data) == ["entry1: HAProxy server vllm_routers/router2 is DOWN"]
+    assert "1/2 up; down: router2" in _line(status.bundle_status_table(data), "RED", "entry1")
+
+
+def test_haproxy_stopped_or_unread_or_empty_is_red():
+    assert _entry(haproxy="stopped", stat={"rc": 1, "stderr": "No such file or directory"})["problems"] == [
+        "haproxy is stopped"]
+    assert _entry(stat={"rc": 1, "stderr": "PermissionError: [Errno 13] Permission denied"})["problems"] == [
+        "HAProxy's stats (master socket) not read: PermissionError: [Errno 13] Permission denied"]
+    assert _entry(stat=_ok(STAT_HEADER + "\n"))["problems"] == ["HAProxy has no servers (routers) in its stats"]
+
+
+def test_tls_under_the_threshold_is_red():
+    assert _entry(warn_days=365)["problems"] == []
+    assert _entry(warn_days=366)["problems"] == ["TLS certificate expires in 365 days, under entry_tls_warn_days (366)"]
+    data = front_door([_entry(warn_days=400), _entry("entry2", vip_here=False, vrrp="BACKUP")])
+    assert status.bundle_status_red(data) == ["entry1: TLS certificate expires in 365 days, under entry_tls_warn_days (400)"]
+    assert _line(status.bundle_status_table(data), "RED", "entry1").endswith("365 days")
+    expired = _entry(cert=_ok("notAfter=Dec 29 00:00:00 2025 GMT"))
+    assert expired["problems"] == ["TLS certificate expired 3 days ago"]
+    unread = _entry(cert={"rc": 1, "stderr": "Could not open file or uri for loading certificate"})
+    assert unread["problems"] == ["TLS certificate not read: Could not open file or uri for loading certificate"]
+
+
+def test_one_entry_host_has_no_keepalived_and_no_vip():
+    r = {"host": "entry1", "services": _svc("haproxy"), "keepalived": False, "vip": "",
+         "stat": _stat(("router1", "UP")), "cert": CERT_365, "warn_days": 30, "now": NOW}
+    e = status.bundle_status_entry_host(r)
+    assert e["problems"] == [] and e["keepalived"] is None
+    data = dict(green_lab(), entry_vip="", entry_hosts=[e])
+    assert status.bundle_status_red(data) == []
+    table = status.bundle_status_table(data)
+    assert " VIP " not in table.split("Entry", 1)[1].split("\n", 2)[2]
+    assert _line(table, "ok", "entry1").split()[3:8] == ["n/a", "(one", "entry", "host)", "n/a"]
+
+
+def test_prometheus_target_down_is_red():
+    targets = [{"labels": {"job": "node", "instance": "etcd3"}, "health": "up"},
+               {"labels": {"job": "vllm", "instance": "decode2/decode0"}, "health": "down"},
+               {"labels": {"job": "vllm_router", "instance": "router2"}, "health": "unknown"}]
+    m = _monitoring(targets)
+    assert (m["targets_up"], m["targets_total"], m["targets_down"]) == (1, 3, ["vllm/decode2/decode0"])
+    data = front_door(monitoring=m)
+    assert status.bundle_status_red(data) == ["etcd3: Prometheus targets 1/3 up; down: vllm/decode2/decode0"]
+    assert "1/3 up; down: vllm/decode2/decode0" in _line(status.bundle_status_table(data), "RED", "etcd3")
+    assert _monitoring([])["problems"] == ["Prometheus has no scrape targets"]
+
+
+def test_prometheus_stopped_or_unread_is_red():
+    assert _monitoring(prometheus="stopped")["problems"] == ["prometheus is stopped"]
+    m = status.bundle_status_monitoring_host({"host": "etcd3", "services": _svc("prometheus", "prometheus-alertmanager"),
+                                              "targets": {"status": -1, "msg": "Connection refused"},
+                                              "alertmanager": {"status": 200}})
+    assert m["problems"] == ["Prometheus' targets not read: -1 Connection refused"]
+    assert "not read" in _line(status.bundle_status_table(front_door(monitoring=m)), "RED", "etcd3")
+
+
+def test_alertmanager_stopped_or_unhealthy_is_red():
+    m = _monitoring(alertmanager="stopped", am_status=-1)
+    assert m["problems"] == ["prometheus-alertmanager is stopped"]
+    data = front_door(monitoring=m)
+    assert status.bundle_status_red(data) == ["etcd3: prometheus-alertmanager is stopped"]
+    assert _line(status.bundle_status_table(data), "RED", "etcd3").endswith("stopped")
+    assert _monitoring(am_status=503)["problems"] == ["Alertmanager /-/healthy: 503 Status code was -1: refused"]
+
+
+def test_reported_lines_and_unreachable_ones():
+    hostvars = {"entry1": {"_status_entry": {"host": "entry1", "problems": []}}, "entry2": {}}
+    assert status.bundle_status_reported(["entry1", "entry2"], hostvars, "_status_entry") == [
+        {"host": "entry1", "problems": []}, {"host": "entry2", "unreachable": True, "problems": ["host did not answer"]}]
+
+
+def test_no_entry_or_monitoring_section_without_those_hosts():
+    table = status.bundle_status_table(green_lab())
+    assert "Entry (" not in table and "Monitoring (" not in table
