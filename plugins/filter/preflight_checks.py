@@ -267,9 +267,16 @@ def ips_host_ip(cfg, host, groups, specs):
     value = cfg.get('common_host_ip')
     if value is None or value == '' or _pf.is_ip(value):
         return []
-    return ['common_host_ip=%s on %s is not an IPv4/IPv6 address. It becomes VLLM_HOST_IP, Mooncake\'s local_hostname '
+    return ['common_host_ip=%s on %s is not an IPv4/IPv6 address%s. It becomes VLLM_HOST_IP, Mooncake\'s local_hostname '
             'and the etcd peer URLs; a name that resolves to 127.0.1.1 or to the wrong interface breaks KV transfer '
-            '(FACTS failure mode 6). Fix: set common_host_ip to the host\'s cluster-facing IP.' % (_j(value), host)]
+            '(FACTS failure mode 6). Fix: set common_host_ip to the host\'s cluster-facing IP.'
+            % (_j(value), host, _port_note(value))]
+
+
+def _port_note(value):
+    """A note naming the port suffix of "ADDR:PORT" (for the messages of a value that is no IP), '' otherwise."""
+    hostport = _port_suffix(value)
+    return ' (it has a port suffix, :%s; the setting takes the address alone)' % hostport[1] if hostport else ''
 
 
 @check('sizes')
@@ -640,7 +647,7 @@ def instances_optional_keys(cfg, host, groups, specs):
     for idx, inst in _instances(cfg):
         whys = []
         if 'host_ip' in inst and not _pf.is_ip(inst['host_ip']):
-            whys.append('host_ip=%s is not an IPv4/IPv6 address' % _j(inst['host_ip']))
+            whys.append('host_ip=%s is not an IPv4/IPv6 address%s' % (_j(inst['host_ip']), _port_note(inst['host_ip'])))
         if 'engine_id' in inst and not str(inst['engine_id'] if inst['engine_id'] is not None else '').strip():
             whys.append('engine_id must be a non-empty string')
         if not _port(inst.get('side_channel_port')):
@@ -1352,22 +1359,119 @@ def _address(hostvars, h):
     return str(h), 'the inventory name (no common_host_ip or ansible_host)'
 
 
-def _unusable(ip):
-    """Why ip cannot be a cluster member's address, None when it can."""
+# Names that mean this host itself (/etc/hosts on Debian; RFC 6761 reserves .localhost).
+LOOPBACK_NAMES = ('localhost', 'localhost.localdomain', 'ip6-localhost', 'ip6-loopback')
+# Bind-any: every address of the host (HAProxy's "*", and the unspecified IPv4/IPv6 addresses).
+WILDCARD_WORDS = ('*',)
+
+
+def _port_suffix(value):
+    """(address, port) of "ADDR:PORT", "[ADDR]:PORT" or "*:PORT"; None for anything else (an IPv6 address has
+    colons, but no port)."""
+    text = str(value).strip()
+    if _pf.is_ip(text):
+        return None
+    m = re.match(r'^\[([^\]]*)\]:([0-9]+)$', text) or re.match(r'^([^:\[\]]*):([0-9]+)$', text)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def _is_wildcard(value):
     import ipaddress
+    text = str(value).strip()
+    return text in WILDCARD_WORDS or (_pf.is_ip(text) and ipaddress.ip_address(text.strip('[]')).is_unspecified)
+
+
+def _unusable(ip, wildcard_ok=False):
+    """Why ip cannot be an address the other hosts reach (a phrase), None when it can. wildcard_ok: a bind address,
+    where a wildcard (0.0.0.0, ::, *) binds every address and the others reach the host at its own."""
+    import ipaddress
+    text = str(ip).strip()
+    hostport = _port_suffix(text)
+    if hostport:
+        return 'has a port suffix (:%s): the setting takes an address alone' % hostport[1]
+    if _is_wildcard(text):
+        return None if wildcard_ok else 'is the unspecified address (bind-any, not an address peers can reach)'
+    name = text.lower().rstrip('.')
+    if name in LOOPBACK_NAMES or name.endswith('.localhost'):
+        return 'is a loopback name (the other hosts cannot reach it)'
     try:
-        addr = ipaddress.ip_address(str(ip).strip('[]'))
+        addr = ipaddress.ip_address(text.strip('[]'))
     except ValueError:
         return 'is not an IP address (a name can resolve to 127.0.1.1 or the wrong interface: FACTS failure mode 6)'
-    if addr.is_unspecified:
-        return 'is the unspecified address (bind-any, not an address peers can reach)'
-    if addr.is_loopback:
+    if addr.is_loopback or (getattr(addr, 'ipv4_mapped', None) and addr.ipv4_mapped.is_loopback):
         return 'is a loopback address (the other hosts cannot reach it)'
     if addr.is_multicast:
         return 'is a multicast address'
     if addr.is_link_local:
         return 'is link-local (valid on one link only, and IPv6 needs a scope the URLs cannot carry)'
     return None
+
+
+# Every address setting another host (or a client) must reach, but the host's own (common_host_ip / ansible_host,
+# and an instance's host_ip: addresses_usable and addresses_distinct, fleet-wide): the role whose hosts use it, who
+# reaches it, the setting of its port, the wildcard that binds every address where a bind address may be one,
+# what "" means where it means "derive it", and what to set when not an address of the host itself.
+# tests/unit/test_preflight_classes.py ties this table to the argument specs (every *_host, *_address, *_vip option).
+REACHABLE = {
+    'mooncake_master_rpc_address': {
+        'role': 'master', 'port': 'mooncake_master_rpc_port', 'wildcard': None, 'empty': None,
+        'by': 'the store clients and the other masters (the HA leader advertises it in etcd: --rpc_address)'},
+    'mooncake_master_metrics_host': {
+        'role': 'master', 'port': 'mooncake_master_metrics_port', 'wildcard': '0.0.0.0', 'empty': None,
+        'by': 'Prometheus (the scrape targets name the host\'s cluster address: --metrics_host)'},
+    'vllm_bind_host': {
+        'role': 'vllm', 'port': 'vllm_instances[].port', 'wildcard': '0.0.0.0',
+        'empty': 'each instance\'s own address, the default', 'by': 'the routers (each instance\'s address)'},
+    'vllm_router_host': {
+        'role': 'router', 'port': 'vllm_router_port', 'wildcard': '0.0.0.0',
+        'empty': 'the host\'s cluster address, the default', 'by': 'the entry hosts and the controller'},
+    'vllm_router_prometheus_host': {
+        'role': 'router', 'port': 'vllm_router_prometheus_port', 'wildcard': '0.0.0.0', 'empty': None,
+        'by': 'Prometheus (the scrape targets name the host\'s cluster address: --prometheus-host)'},
+    'entry_bind_address': {
+        'role': 'entry', 'port': 'entry_port', 'wildcard': '*', 'empty': 'HAProxy binds every IPv4 address',
+        'by': 'the clients (at entry_vip, which keepalived moves between the entry hosts, or the host\'s address)'},
+    'entry_vip': {
+        'role': 'entry', 'port': 'entry_port', 'wildcard': None, 'empty': 'no VIP: one entry host',
+        'by': 'the clients (https://entry_vip, held by keepalived)',
+        'value': 'a free IPv4 address in the entry hosts\' subnet'},
+}
+
+
+def _reach_problem(text, a):
+    """Why text cannot be the REACHABLE address a (a phrase), None when it can."""
+    if not text:
+        return None if a['empty'] else 'is empty'
+    if text in WILDCARD_WORDS and a['wildcard'] and a['wildcard'] not in WILDCARD_WORDS:
+        return 'is %s, a wildcard only HAProxy reads (this service takes an IP)' % _j(text)
+    return _unusable(text, a['wildcard'] is not None)
+
+
+@check('addresses')
+def addresses_reachable(cfg, host, groups, specs):
+    """Every address of REACHABLE on the hosts that use it: no loopback, no port suffix, no name, a wildcard only
+    where a bind address may be one, "" only where it means "derive it"."""
+    r, out = _roles(host, groups), []
+    for var, a in REACHABLE.items():
+        value = cfg.get(var)
+        if not r.get(a['role']) or not isinstance(value, str):
+            continue  # not this host's role; a templated default (the bundle's own); another type: the spec's
+        why = _reach_problem(value.strip(), a)
+        if not why:
+            continue
+        hostport = _port_suffix(value)
+        if hostport and hostport[0].strip() and not _reach_problem(hostport[0].strip(), a):
+            fix = 'set %s to %s alone and the port in %s' % (var, _j(hostport[0].strip()), a['port'])
+        else:
+            default = _option(specs, var).get('default')
+            fix = 'set %s to %s%s%s%s%s' % (
+                var, a.get('value') or 'an IP address of %s that %s reach' % (host, a['by'].split(' (')[0]),
+                ' (its port is %s)' % a['port'] if hostport else '',
+                ', %s to bind every address' % _j(a['wildcard']) if a['wildcard'] else '',
+                ', or "" (%s)' % a['empty'] if a['empty'] else '',
+                ', or remove it (default %s)' % default if _pf._is_template(default) else '')
+        out.append('%s=%s on %s %s; it must be reachable by %s. Fix: %s.' % (var, _j(value), host, why, a['by'], fix))
+    return out
 
 
 @check('addresses', scope='fleet')
@@ -1500,7 +1604,7 @@ def entry_tls_files(cfg, host, groups, specs):
     return ['%s=%s on %s is not a file on the controller. Fix: the path of the PEM %s on the machine that runs '
             'ansible-playbook.' % (var, _j(path), host, what)
             for var, path, what in [('entry_tls_cert_file', cert, 'certificate chain'), ('entry_tls_key_file', key, 'key')]
-            if not os.path.isfile(os.path.expanduser(path))]
+            if not _tls_path_problem(path, 'controller') and not os.path.isfile(os.path.expanduser(path))]
 
 
 def _entry_net(ip, prefix):
@@ -1530,6 +1634,8 @@ def entry_vip(hostvars, groups, specs, host):
         return out
     h0, c = cfgs[0]
     vip, prefix = c.get('entry_vip'), c.get('entry_vip_prefix', 24)
+    if isinstance(vip, str) and vip.strip() and _unusable(vip):
+        return []  # loopback, bind-any, a port suffix, ...: addresses_reachable names it on every entry host
     if not vip or not _pf.is_ip(vip) or ':' in str(vip):
         return ['entry_vip=%s on %s: with %d entry hosts (%s) keepalived needs the IPv4 address clients use. Fix: set '
                 'entry_vip to a free address in the entry hosts\' subnet (%s).' % (_j(vip), h0, len(entries),
@@ -1560,6 +1666,76 @@ def entry_vip(hostvars, groups, specs, host):
                        'client on that network could reach it there. Fix: a free address in %s, or the right '
                        'entry_vip_prefix.' % (vip, h, source, ip, prefix, _entry_net(ip, prefix), host,
                                               _entry_net(ip, prefix)))
+    return out
+
+
+# --- TLS: every path that TLS uses, while it is on ---------------------------------------------------------
+
+# The paths TLS uses, by the role whose hosts hold them and the switch that turns that TLS on (None: always on:
+# the entry serves https only; Prometheus' copy of etcd's client certificate is checked whatever etcd's switch,
+# which the monitoring hosts read from the first etcd member). Each path: (where, need, what reads it). where:
+# host (the role writes or reads it on the host: an absolute path) or controller (ansible-playbook keeps or reads
+# it there: absolute, ~ allowed). need: required (not empty while on), optional ("" is legal: both entry files
+# empty = a certificate from the bundle's entry CA), own_ca (used only while both entry files are empty).
+# tests/unit/test_preflight_checks.py ties the table to the tasks and templates that use the paths.
+TLS_PATHS = {
+    'etcd': {'switch': 'etcd_tls_enabled', 'paths': {
+        'etcd_cert_dir': ('host', 'required', 'the directory of the member\'s CA bundle, certificates and keys'),
+        'etcd_ca_file': ('host', 'required', 'the CA bundle etcd and etcdctl trust (ETCD_TRUSTED_CA_FILE, '
+                                             'ETCD_PEER_TRUSTED_CA_FILE, --cacert)'),
+        'etcd_cert_file': ('host', 'required', 'the member certificate (ETCD_CERT_FILE, ETCD_PEER_CERT_FILE)'),
+        'etcd_key_file': ('host', 'required', 'the member key (ETCD_KEY_FILE, ETCD_PEER_KEY_FILE)'),
+        'etcd_tls_client_cert_file': ('host', 'required', 'the client certificate of etcdctl, the health checks, the '
+                                                          'snapshots and Prometheus (--cert)'),
+        'etcd_tls_client_key_file': ('host', 'required', 'the client certificate\'s key (--key)'),
+        'etcd_tls_ca_dir': ('controller', 'required', 'the directory of the CA and every issued key and certificate'),
+    }},
+    'monitoring': {'switch': None, 'paths': {
+        'monitoring_etcd_client_dir': ('host', 'required', 'the directory of Prometheus\' copy of etcd\'s client '
+                                                           'certificate (etcd\'s /metrics over TLS)'),
+    }},
+    'entry': {'switch': None, 'paths': {
+        'entry_tls_cert_file': ('controller', 'optional', 'HAProxy\'s certificate chain (PEM)'),
+        'entry_tls_key_file': ('controller', 'optional', 'the key of HAProxy\'s certificate (PEM)'),
+        'entry_tls_ca_dir': ('controller', 'own_ca', 'the directory of the entry CA and the certificates it issues '
+                                                     '(clients trust its ca.crt)'),
+    }},
+}
+
+
+def _tls_path_problem(value, where):
+    """Why value cannot be a TLS path (a phrase), None when it can."""
+    text = value.strip()
+    if not text:
+        return 'is empty'
+    if not (os.path.expanduser(text) if where == 'controller' else text).startswith('/'):
+        return 'is not an absolute path'
+    return None
+
+
+@check('tls')
+def tls_paths(cfg, host, groups, specs):
+    """Every path of TLS_PATHS on the hosts of its role while its TLS is on: not empty, absolute."""
+    r, out = _roles(host, groups), []
+    for role, t in TLS_PATHS.items():
+        if not r.get(role) or (t['switch'] and not _truthy(cfg.get(t['switch']), False)):
+            continue
+        own_ca = not str(cfg.get('entry_tls_cert_file') or '') and not str(cfg.get('entry_tls_key_file') or '')
+        for var, (where, need, what) in t['paths'].items():
+            value = cfg.get(var)
+            if not isinstance(value, str) or (need == 'optional' and not value.strip()) or (need == 'own_ca' and not own_ca):
+                continue  # a templated default (the bundle's own) or another type (the spec's); not used
+            why = _tls_path_problem(value, where)
+            if not why:
+                continue
+            default = _option(specs, var).get('default')
+            out.append('%s=%s on %s %s%s: it is %s, a path on %s. Fix: set %s to an absolute path%s%s.'
+                       % (var, _j(value), host, why, ' while %s is true' % t['switch'] if t['switch'] else '', what,
+                          host if where == 'host' else 'the controller (where ansible-playbook runs)', var,
+                          '' if where == 'host' else ' (~ works)',
+                          ', or "" with the other entry file "" too (a certificate from the bundle\'s entry CA)'
+                          if need == 'optional' else
+                          ', or remove it (default %s)' % default if default not in (None, '') else ''))
     return out
 
 
@@ -1634,7 +1810,7 @@ def monitoring_settings(cfg, host, groups, specs):
         if isinstance(v, str) and not re.match(PROM_DURATION_RE, v):
             out.append('%s=%s on %s is not a Prometheus duration. Fix: e.g. %s (digits and a unit: ms, s, m, h, d, w, y).'
                        % (var, _j(v), host, _option(specs, var, 'monitoring').get('default')))
-    for var in ('monitoring_rules_dir', 'monitoring_etcd_client_dir', 'monitoring_node_exporter_textfile_dir'):
+    for var in ('monitoring_rules_dir', 'monitoring_node_exporter_textfile_dir'):  # the etcd client dir: TLS_PATHS
         v = cfg.get(var)
         if isinstance(v, str) and not v.startswith('/'):
             out.append('%s=%s on %s is not an absolute path. Fix: e.g. %s.' % (var, _j(v), host,

@@ -5,7 +5,9 @@ functions called directly: the end-to-end cases of tests/preflight keep one per 
 2. managed:        the escape hatches (extra args, extra env, store config) repeat a managed name
 3. values:         values the services reject or ignore (vLLM, etcd, pip, systemd rules as data)
 4. sandbox:        paths the hardened units hide or make read-only
-5. addresses:      cluster members without a distinct, usable address
+5. addresses:      cluster members without a distinct, usable address; an address other hosts must reach that is
+                   loopback, a wildcard where it is advertised, or has a port suffix (REACHABLE)
+6. tls:            a path TLS uses left empty or relative while that TLS is on (TLS_PATHS)
 
 Each refused case names the variable, the host (or host/instance) and the fix; each class has legal
 variations that pass.
@@ -16,7 +18,7 @@ import os
 
 import pytest
 
-from test_preflight_checks import GROUPS, INVENTORY, REPO, SPECS, fleet, pc
+from test_preflight_checks import ENTRY_GROUPS, GROUPS, INVENTORY, MON_GROUPS, REPO, SPECS, fleet, pc
 
 GOOD_FLEET = INVENTORY
 
@@ -215,7 +217,7 @@ def test_managed_legal(case):
 
 def test_readme_lists_every_new_class():
     readme = open(os.path.join(REPO, 'roles', 'preflight', 'README.md')).read()
-    for cls in ('pd_consistency', 'managed', 'values', 'sandbox', 'addresses'):
+    for cls in ('pd_consistency', 'managed', 'values', 'sandbox', 'addresses', 'tls'):
         if any(c['skip'] == cls for c in pc.CHECKS):
             assert '`%s`' % cls in readme
 
@@ -432,3 +434,165 @@ def test_value_rules_name_real_settings_and_take_types_from_the_specs():
         assert 'type' not in rule, '%s: the type lives in the argument spec' % var
         if 'kind' not in rule:
             assert opt.get('type') in ('int', 'float'), var
+
+
+# --- class 5 (per host): addresses other hosts must reach (REACHABLE) --------------------------------------------
+# One host of each role, the groups it is in, and its cluster address.
+ROLE_HOST = {'master': ('ctl-1', GROUPS, '10.0.0.11'), 'vllm': ('gpu-p1', GROUPS, '10.0.1.21'),
+             'router': ('router-1', GROUPS, '10.0.0.41'), 'entry': ('entry-1', ENTRY_GROUPS, '10.0.0.51'),
+             'etcd': ('ctl-1', GROUPS, '10.0.0.11'), 'monitoring': ('mon-1', MON_GROUPS, '10.0.0.61')}
+LOOPBACKS = ['127.0.0.1', '127.0.1.1', '::1', 'localhost', '::ffff:127.0.0.1']
+WILDCARDS = ['0.0.0.0', '::', '*']
+
+
+def _reachable_cases():
+    """(label, var, value, refused phrase or None) for every address of REACHABLE: loopback, a port suffix (on
+    the host's own address and on a loopback one), a wildcard (refused where the address is advertised), "" and a
+    name."""
+    out = []
+    for var, a in sorted(pc.REACHABLE.items()):
+        ip = ROLE_HOST[a['role']][2] if var != 'entry_vip' else '10.0.0.50'
+        out += [(var, v, 'loopback') for v in LOOPBACKS]
+        out += [(var, ip + ':8000', 'has a port suffix (:8000)'), (var, '[fd00::5]:8000', 'has a port suffix (:8000)'),
+                (var, '127.0.0.1:8000', 'has a port suffix (:8000)'), (var, 'ctl-1.example.com', 'is not an IP address')]
+        out += [(var, v, None if a['wildcard'] else 'is the unspecified address') for v in WILDCARDS if v != '*']
+        out.append((var, '*', None if a['wildcard'] == '*' else 'a wildcard only HAProxy reads' if a['wildcard']
+                    else 'is the unspecified address'))
+        out += [(var, '', None if a['empty'] else 'is empty'), (var, ip, None)]
+    return out
+
+
+REACHABLE_CASES = _reachable_cases()
+
+
+@pytest.mark.parametrize('var,value,refused', REACHABLE_CASES,
+                         ids=['%s=%s' % (c[0], c[1] or '""') for c in REACHABLE_CASES])
+def test_reachable_addresses(var, value, refused):
+    """Each address another host must reach is refused loopback, a port suffix and a name everywhere, a wildcard
+    where it is advertised, "" where it does not mean "derive it"; the message names the variable, the host and
+    the fix (the port's own variable for a port suffix)."""
+    a = pc.REACHABLE[var]
+    host, groups, _ = ROLE_HOST[a['role']]
+    if not refused:
+        assert_passes('addresses', {host: {var: value}}, groups)
+        return
+    expected = ['%s="%s" on %s' % (var, value, host), refused]
+    if 'port suffix' in refused:
+        expected.append(a['port'])
+    assert_refused('addresses', {host: {var: value}}, expected, groups)
+
+
+def test_reachable_addresses_only_where_the_role_runs():
+    """A router's address setting on a host that runs no router is not read there."""
+    assert_passes('addresses', {'gpu-p1': {'vllm_router_host': '127.0.0.1', 'entry_vip': '127.0.0.1',
+                                           'mooncake_master_rpc_address': '0.0.0.0'}})
+
+
+def test_reachable_port_suffix_fix_names_the_address_and_the_port():
+    (msg,) = pc.addresses_reachable(fleet(inv_with({'ctl-1': {'mooncake_master_rpc_address': '10.0.0.11:50051'}}))
+                                    ['ctl-1']['_preflight_cfg'], 'ctl-1', GROUPS, SPECS)
+    assert 'Fix: set mooncake_master_rpc_address to "10.0.0.11" alone and the port in mooncake_master_rpc_port.' in msg
+
+
+def test_a_vip_the_address_check_refuses_is_named_once():
+    """entry_vip leaves a loopback, bind-any or ADDR:PORT VIP to addresses_reachable (one message per mistake)."""
+    for vip in ('127.0.0.50', '0.0.0.0', '10.0.0.50:443'):
+        inv = inv_with({h: {'entry_vip': vip} for h in ('entry-1', 'entry-2')})
+        assert pc.entry_vip(fleet(inv), ENTRY_GROUPS, SPECS, 'ctl-1') == []
+        assert run_class('addresses', inv, ENTRY_GROUPS)
+
+
+def test_port_suffix_named_for_the_hosts_own_address():
+    text = ' '.join(run_class('ips', inv_with({'gpu-p1': {'common_host_ip': '10.0.1.21:22'}}))
+                    + run_class('addresses', inv_with({'gpu-p1': {'common_host_ip': '10.0.1.21:22'}})))
+    assert 'common_host_ip="10.0.1.21:22" on gpu-p1 is not an IPv4/IPv6 address (it has a port suffix, :22' in text
+    assert 'gpu-p1 has no usable cluster address (checked on ctl-1): common_host_ip="10.0.1.21:22" has a port suffix' in text
+    msgs = run_class('instances', inv_with({'gpu-d1': {'vllm_instances.0.host_ip': '10.0.1.31:8200'}}))
+    assert any('host_ip="10.0.1.31:8200" is not an IPv4/IPv6 address (it has a port suffix, :8200' in m for m in msgs)
+
+
+def test_reachable_is_every_address_setting_of_the_specs():
+    """One table: every *_host, *_address, *_vip, *_ip option of the roles' argument specs is in REACHABLE, but the
+    host's own address (common_host_ip: addresses_usable); its ports and roles are real."""
+    import re
+    names = {var for spec in SPECS for var in spec['options'] if re.search(r'(_host|_address|_vip|_ip)$', var)}
+    assert names == set(pc.REACHABLE) | {'common_host_ip'}
+    roles = set(pc._roles('x', {}))
+    for var, a in pc.REACHABLE.items():
+        assert a['role'] in roles, var
+        assert a['port'] == 'vllm_instances[].port' or pc._option(SPECS, a['port']), var
+        assert pc._option(SPECS, var).get('type') == 'str', var
+
+
+# --- class 6: TLS paths (TLS_PATHS) --------------------------------------------------------------------------------
+
+def _tls_cases():
+    """(var, value, refused phrase or None) for every path of TLS_PATHS while its TLS is on."""
+    out = []
+    for role, t in sorted(pc.TLS_PATHS.items()):
+        for var, (where, need, _) in sorted(t['paths'].items()):
+            out += [(var, '', None if need == 'optional' else 'is empty'),
+                    (var, 'pki/x.pem', 'is not an absolute path'), (var, '/srv/pki/x.pem', None)]
+            if where == 'controller':
+                out.append((var, '~/pki/x.pem', None))
+    return out
+
+
+TLS_CASES = _tls_cases()
+TLS_ON = {'etcd_tls_enabled': True}
+
+
+def _tls_role(var):
+    return next(role for role, t in pc.TLS_PATHS.items() if var in t['paths'])
+
+
+@pytest.mark.parametrize('var,value,refused', TLS_CASES, ids=['%s=%s' % (c[0], c[1] or '""') for c in TLS_CASES])
+def test_tls_paths(var, value, refused):
+    """Each path TLS uses, while that TLS is on: empty (where "" is no choice of its own) and relative refused,
+    naming the variable, the host, the switch and the fix; absolute passes (~ on the controller)."""
+    host, groups, _ = ROLE_HOST[_tls_role(var)]
+    changes = dict(TLS_ON, **{var: value})
+    if var == 'entry_tls_ca_dir':  # used while the bundle's entry CA issues the certificate (no operator files)
+        changes.update(entry_tls_cert_file='', entry_tls_key_file='')
+    if not refused:
+        assert_passes('tls', {host: changes}, groups)
+        return
+    switch = pc.TLS_PATHS[_tls_role(var)]['switch']
+    assert_refused('tls', {host: changes}, ['%s="%s" on %s %s' % (var, value, host, refused)]
+                   + (['while %s is true' % switch] if switch else []) + ['Fix: set %s to an absolute path' % var], groups)
+
+
+def test_tls_paths_only_while_tls_is_on():
+    assert_passes('tls', {'ctl-1': {'etcd_tls_enabled': False, 'etcd_ca_file': '', 'etcd_tls_ca_dir': 'pki'}})
+    # the bundle's entry CA is not used with the operator's own files: its directory is not read
+    assert_passes('tls', {'entry-1': {'entry_tls_cert_file': '/srv/pki/e.crt', 'entry_tls_key_file': '/srv/pki/e.key',
+                                      'entry_tls_ca_dir': ''}}, ENTRY_GROUPS)
+    # an etcd path on a host that runs no etcd member
+    assert_passes('tls', {'gpu-p1': {'etcd_tls_enabled': True, 'etcd_ca_file': ''}})
+
+
+def test_entry_files_named_once_when_relative():
+    """A relative operator file is tls_paths' (a path the lookup reads from the controller's role search path,
+    not from where ansible-playbook runs); entry_tls_files does not repeat it as "not a file"."""
+    inv = inv_with({'entry-1': {'entry_tls_cert_file': 'no/such.crt', 'entry_tls_key_file': 'no/such.key'}})
+    assert run_class('entry', inv, ENTRY_GROUPS) == []
+    assert len(run_class('tls', inv, ENTRY_GROUPS)) == 2
+
+
+def test_tls_paths_are_the_paths_the_tls_tasks_use():
+    """One table: TLS_PATHS holds exactly the path settings the TLS tasks and templates read (etcd: its TLS tasks;
+    entry: its certificate tasks; monitoring: the etcd scrape job's tls_config), each declared by a spec."""
+    import re
+
+    def names(pattern, *files):
+        return {n for f in files for n in re.findall(pattern, open(os.path.join(REPO, f)).read())}
+    assert names(r'\b(etcd_[a-z_]+_(?:file|dir))\b', 'roles/etcd/tasks/configure_tls.yml', 'roles/etcd/tasks/tls_issue.yml') \
+        == set(pc.TLS_PATHS['etcd']['paths'])
+    assert names(r'\b(entry_tls_[a-z_]+_(?:file|dir))\b', 'roles/entry/tasks/configure.yml', 'roles/entry/tasks/tls_issue.yml') \
+        == set(pc.TLS_PATHS['entry']['paths'])
+    assert names(r'\b(monitoring_[a-z_]+_dir)\b', 'templates/monitoring/scrape_configs.yml.j2') \
+        == set(pc.TLS_PATHS['monitoring']['paths'])
+    for t in pc.TLS_PATHS.values():
+        assert t['switch'] is None or pc._option(SPECS, t['switch']).get('type') == 'bool'
+        for var in t['paths']:
+            assert pc._option(SPECS, var).get('type') == 'str', var
