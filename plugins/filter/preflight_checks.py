@@ -1785,7 +1785,6 @@ PROM_DURATION_RE = r'^([0-9]+(ms|s|m|h|d|w|y))+$'
 # name: (low, high, low inclusive, why)
 MONITORING_RANGES = {
     'monitoring_ttft_p99_slo_seconds': (0, None, False, 'seconds, above 0'),
-    'monitoring_kv_transfer_share_min': (0, 1, False, 'a share above 0 and at most 1 (0.9 = 90 %)'),
     'monitoring_recompute_share_max': (0, 1, True, 'a share from 0 to 1 (0.1 = 10 %)'),
     'monitoring_master_leader_changes_max': (0, None, True, 'a count, 0 or more'),
 }

@@ -65,7 +65,7 @@ GOAL_S = 30  # the recovery goal of every service whose start is not a model loa
 # HAProxy stopped on the entry that holds the VIP: its connections close, and new ones are refused until
 # keepalived's check (every 1 s, fall 2) drops its priority and the other entry takes the VIP (about 3-4 s).
 # Behind the entry (HAProxy retries a refused connection or an empty answer on the other router), a killed
-# router costs no request: bound 0. A kill -9 of the active HAProxy drops the request in flight (1 at the
+# router costs no request but the streams whose answer had begun on it (STREAMS_ONLY). A kill -9 of the active HAProxy drops the request in flight (1 at the
 # load's pace); keepalived stopped on the VIP holder: the in-flight ones are reported, bound 3, and every
 # request sent after the VIP moved must succeed (failure_problems).
 FAILED_BOUND = {"etcd member": 0, "master leader": 0, "etcd member stopped": 0,
@@ -74,6 +74,10 @@ FAILED_BOUND = {"etcd member": 0, "master leader": 0, "etcd member stopped": 0,
                 # the frozen holder: the requests that went to it (sent before the VIP moved, open at the freeze),
                 # counted per run from the load's spans (bound_from_spans); none sent after the move may fail
                 "entry frozen": 0}
+# A router killed behind the entry: HAProxy retries every request on the other router (retry-on, with the whole
+# request buffered), except a streamed one whose answer had begun on the killed router. So the bound is the load's
+# streams open at the kill (streams_open_at), and no non-streamed request and none sent after the kill may fail.
+STREAMS_ONLY = {"router behind entry"}
 # Besides FAILED_BOUND: connections refused while systemd restarts the killed unit (RestartSec + start). Nothing
 # reached a router, and clients retry them (the OpenAI SDKs retry connection errors by default). CI's loaded
 # 2 cores took over 0.5 s to restart HAProxy, so a second request (sent 0.5 s after the first failed) was
@@ -420,7 +424,19 @@ def paced_classes(records, freeze_epoch, moved_epoch):
 def bound_from_spans(spans, start_epoch, freeze_epoch, moved_epoch):
     """The steady load's requests that went to the frozen host: sent before the VIP moved, open at the freeze."""
     moved = float("inf") if moved_epoch is None else moved_epoch
-    return len([1 for sent, ended, _ in spans if start_epoch + sent < moved and start_epoch + ended > freeze_epoch])
+    return len([1 for span in spans if start_epoch + span[0] < moved and start_epoch + span[1] > freeze_epoch])
+
+
+# `docker exec systemctl kill` returns up to this long after the signal landed (the loaded lab).
+KILL_SLACK_S = 3
+
+
+def streams_open_at(spans, start_epoch, kill_epoch):
+    """The steady load's streamed requests open when a router was killed: sent before the kill (kill_epoch is when
+    `systemctl kill` returned) and not ended before it. Their answer had begun on the killed router, which no proxy
+    can replay; every other request must succeed (STREAMS_ONLY)."""
+    return len([1 for span in spans if len(span) > 3 and span[3]
+                and start_epoch + span[0] <= kill_epoch and start_epoch + span[1] >= kill_epoch - KILL_SLACK_S])
 
 
 def freeze_problems(r):
@@ -496,6 +512,7 @@ def attribute_failures(results, load_summary):
     are returned apart: the lab was serving then, so there must be none."""
     t0 = load_summary["start_epoch"]
     fails = sorted((t0 + f["t"], f.get("error", "")) for f in load_summary["failures"])
+    plain = {t0 + f["t"] for f in load_summary["failures"] if not f.get("stream")}
     start = float("-inf")
     for r in results:
         end = r["end_epoch"]
@@ -503,6 +520,9 @@ def attribute_failures(results, load_summary):
         r["failed"] = len(window)
         rec = r.get("recovery_epoch")
         r["failed_after_recovery"] = len([t for t, _ in window if rec is None or t > rec])
+        if r["kind"] in STREAMS_ONLY:
+            r["failed_plain"] = len([t for t, _ in window if t in plain])
+            r["failed_sent_after_kill"] = len([t for t, _ in window if t > r["kill_epoch"]])
         if r["kind"] in REFUSED_BOUND:
             # Sent between the kill and systemd's restart, and refused by the kernel (no listener). kill_epoch is
             # taken when `docker exec systemctl kill` returned: the signal landed up to a few seconds before.
@@ -517,6 +537,12 @@ def failure_problems(r):
     """A drill's failed requests against FAILED_BOUND (see there why each is what it is)."""
     bound = r.get("bound", FAILED_BOUND[r["kind"]])
     out = []
+    if r["kind"] in STREAMS_ONLY:
+        if r.get("failed_plain"):
+            out.append(f"{r['drill']} on {r['host']}: {r['failed_plain']} non-streamed requests failed (HAProxy must "
+                       f"retry them on the other router: option http-buffer-request, retry-on)")
+        if r.get("failed_sent_after_kill"):
+            out.append(f"{r['drill']} on {r['host']}: {r['failed_sent_after_kill']} requests sent after the kill failed")
     refused = r.get("refused_while_down", 0)
     if refused > REFUSED_BOUND.get(r["kind"], 0):
         out.append(f"{r['drill']} on {r['host']}: {refused} connections refused while it was down, "
@@ -703,6 +729,8 @@ def main(argv=None):
     for r in results:
         if r["kind"] == "entry frozen" and r.get("freeze_epoch"):
             r["bound"] = bound_from_spans(spans, load_summary["start_epoch"], r["freeze_epoch"], r["moved_epoch"])
+        if r["kind"] in STREAMS_ONLY:
+            r["bound"] = streams_open_at(spans, load_summary["start_epoch"], r["kill_epoch"])
     after_last = attribute_failures(results, load_summary)
 
     for r in results:

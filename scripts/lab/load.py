@@ -101,7 +101,7 @@ class OpenLoop:
         sent = time.time()
         ok, err = sdk_request(self.client, self.model, prompt, self.max_tokens, stream=n % 2 == 1)
         with self._lock:
-            self.records.append({"sent": sent, "ended": time.time(), "ok": ok, "error": err})
+            self.records.append({"sent": sent, "ended": time.time(), "ok": ok, "error": err, "stream": n % 2 == 1})
 
     def _pace(self):
         n = 0
@@ -161,8 +161,8 @@ def summarize(records):
         "latency_max_s": round(lat[-1], 2) if lat else None,
         "slow": [{"t": round(r["t"], 2), "latency": round(r["latency"], 2)}
                  for r in records if r["ok"] and r.get("latency", 0) > SLOW_S][:50],
-        "failures": [{"t": round(r["t"], 2), "latency": round(r.get("latency", 0), 2), "error": r["error"]}
-                     for r in failed][:200],
+        "failures": [{"t": round(r["t"], 2), "latency": round(r.get("latency", 0), 2), "error": r["error"],
+                      "stream": bool(r.get("stream"))} for r in failed][:200],
         "streamed": len([r for r in records if r.get("stream")]),
     }
 
@@ -221,8 +221,9 @@ def main(argv=None):
     summary = summarize(records)
     summary["seconds"] = round(time.monotonic() - start, 1)
     summary["start_epoch"] = start_wall  # failures' t is relative to it (the drills attribute them)
-    if args.spans:  # every request's [sent, ended, ok], relative to start_epoch (the frozen-entry drill's classes)
-        summary["spans"] = [[round(r["t"], 2), round(r["t"] + r["latency"], 2), r["ok"]] for r in records]
+    if args.spans:  # every request's [sent, ended, ok, streamed], relative to start_epoch (the drills' classes)
+        summary["spans"] = [[round(r["t"], 2), round(r["t"] + r["latency"], 2), r["ok"], bool(r.get("stream"))]
+                            for r in records]
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("failures", "slow", "spans")}

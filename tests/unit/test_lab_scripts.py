@@ -25,7 +25,7 @@ def test_summarize_counts_failures():
     recs = [{"t": 0.1, "ok": True, "error": ""}, {"t": 1.26, "ok": False, "error": "HTTP 502"}]
     s = load.summarize(recs)
     assert (s["requests"], s["failed"], s["succeeded"]) == (2, 1, 1)
-    assert s["failures"] == [{"t": 1.26, "latency": 0, "error": "HTTP 502"}]
+    assert s["failures"] == [{"t": 1.26, "latency": 0, "error": "HTTP 502", "stream": False}]
 
 
 def test_summarize_latency_of_successes_and_slow_list():
@@ -102,6 +102,33 @@ def test_failures_are_attributed_per_drill_and_bounded():
     # Not on the request path: a single failure during an etcd drill fails it.
     assert "bound 0" in drills.failure_problems(dict(results[0], failed=1, failed_after_recovery=1))[0]
     assert "bound 25" in drills.failure_problems(dict(results[1], failed=26, failed_after_recovery=0))[0]
+
+
+def test_router_kill_behind_the_entry_excuses_only_streams_open_at_the_kill():
+    """Behind the entry HAProxy retries every request of a killed router but a stream whose answer had begun: the
+    bound is the streams open at the kill; a non-streamed failure or one sent after the kill fails the drill."""
+    spans = [[0.0, 1.0, True, False], [8.0, 12.0, False, True], [9.5, 11.0, True, False], [20.0, 21.0, True, True]]
+    assert drills.streams_open_at(spans, 1000.0, 1010.0) == 1  # the stream sent at 8 s, open at the kill (10 s)
+    failures = [{"t": 8.0, "stream": True}]
+    r = {"drill": "kill -9 router behind entry", "kind": "router behind entry", "host": "router1",
+         "kill_epoch": 1010.0, "end_epoch": 1030.0, "recovery_epoch": 1015.0}
+    results = [dict(r)]
+    drills.attribute_failures(results, {"start_epoch": 1000.0, "failures": failures})
+    results[0]["bound"] = drills.streams_open_at(spans, 1000.0, 1010.0)
+    assert drills.failure_problems(results[0]) == []
+    plain = [dict(r)]
+    drills.attribute_failures(plain, {"start_epoch": 1000.0, "failures": [{"t": 9.5, "stream": False}]})
+    plain[0]["bound"] = 1
+    assert "non-streamed requests failed" in " ".join(drills.failure_problems(plain[0]))
+    late = [dict(r)]
+    drills.attribute_failures(late, {"start_epoch": 1000.0, "failures": [{"t": 12.0, "stream": True}]})
+    late[0]["bound"] = 1
+    assert "sent after the kill failed" in " ".join(drills.failure_problems(late[0]))
+    # no stream open at the kill: bound 0, any failure fails the drill
+    none = [dict(r)]
+    drills.attribute_failures(none, {"start_epoch": 1000.0, "failures": failures})
+    none[0]["bound"] = 0
+    assert "bound 0" in " ".join(drills.failure_problems(none[0]))
 
 
 def test_serves_needs_n_in_a_row_and_until_serving_waits(monkeypatch):
