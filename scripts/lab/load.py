@@ -182,6 +182,8 @@ def main(argv=None):
     ap.add_argument("--client", choices=("sdk", "urllib"), default="sdk",
                     help="sdk: the official openai SDK, keep-alive, every other request streamed; "
                          "urllib: a new connection per request")
+    ap.add_argument("--prompts", type=int, default=0,
+                    help="repeat K prompts (0: every prompt new), as users repeat a system prompt or a conversation")
     ap.add_argument("--spans", action="store_true", help="also write every request's [sent, ended, ok]")
     ap.add_argument("--out", required=True, help="JSON summary written here")
     args = ap.parse_args(argv)
@@ -200,7 +202,9 @@ def main(argv=None):
         client = sdk_client(args.url, args.timeout, key) if args.client == "sdk" else None
         while running():
             # Over 256 tokens, so whole KV blocks move (CPU block size 128).
-            prompt = f"load {wid}-{n} " + "the prefill host computes the KV cache and ships it " * 40
+            # --prompts K: every worker cycles through the same K prompts (prefix-cache hits on every instance).
+            tag = f"{n % args.prompts}" if args.prompts else f"{wid}-{n}"
+            prompt = f"load {tag} " + "the prefill host computes the KV cache and ships it " * 40
             stream = client is not None and n % 2 == 1
             t0 = time.monotonic()
             if client is not None:

@@ -64,6 +64,17 @@ def test_the_load_goal_fails_on_any_failed_request():
     assert ml.load_problems(summary()) == ['the load sent no request through the entry']
 
 
+def test_a_pending_or_firing_alert_on_the_healthy_lab_fails():
+    """Under the load with repeated prompts no rule may even be pending (issue 30: KVTransferShareLow went pending on
+    decode's own prefix-cache hits)."""
+    assert ml.quiet_problems([]) == []
+    assert ml.quiet_problems([{'labels': {'alertname': 'X'}, 'state': 'inactive'}]) == []
+    pending = {'labels': {'alertname': 'KVTransferShareLow', 'severity': 'warning'}, 'state': 'pending'}
+    assert ml.quiet_problems([pending]) == [
+        'alert KVTransferShareLow is pending on a healthy lab under load with repeated prompts (severity=warning)']
+    assert 'is firing' in ml.quiet_problems([dict(pending, state='firing')])[0]
+
+
 def test_the_alert_goal_fails_late_or_missing():
     assert ml.alert_problems(41.0, 55) == []
     assert ml.alert_problems(56.2, 55) == ['UnitDown fired 56.2 s after the unit stopped, over the bound of 55 s']
