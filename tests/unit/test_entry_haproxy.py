@@ -349,5 +349,7 @@ def test_takeover_bonus_favours_the_newest_vip_holder(tmp_path):
     assert tick('127.0.0.1') == bonus - 10
     (run / 'since').write_text('%d\n' % (time.time() - (bonus + 5) * step))  # held it longer than the bonus lasts
     assert tick('127.0.0.1') == 0
+    (run / 'since').write_text('17963\x00garbage\n')  # a torn write: counts from now, no shell error
+    assert tick('127.0.0.1') == bonus
     assert tick('192.0.2.1') == 0 and not (run / 'since').exists()  # lost it: the next takeover starts afresh
     assert tick('127.0.0.1') == bonus
