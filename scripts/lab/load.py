@@ -85,6 +85,10 @@ def sdk_request(client, model, prompt, max_tokens, stream=False):
     return (True, "") if text else (False, "no text in response")
 
 
+# The body of every load prompt, after a tag: over 256 tokens, so whole KV blocks move (CPU block size 128).
+PROMPT_BODY = "the prefill host computes the KV cache and ships it " * 40
+
+
 class OpenLoop:
     """A new completion every `every` s whatever the ones before are doing (a paced client: a hung request does
     not hold the next one back), all through one SDK client, so they share its keep-alive pool as one
@@ -97,7 +101,7 @@ class OpenLoop:
         self._threads, self._pacer = [], threading.Thread(target=self._pace, daemon=True)
 
     def _one(self, n):
-        prompt = f"{self.tag} {n} " + "the prefill host computes the KV cache and ships it " * 40
+        prompt = f"{self.tag} {n} " + PROMPT_BODY
         sent = time.time()
         ok, err = sdk_request(self.client, self.model, prompt, self.max_tokens, stream=n % 2 == 1)
         with self._lock:
@@ -201,10 +205,9 @@ def main(argv=None):
         n = 0
         client = sdk_client(args.url, args.timeout, key) if args.client == "sdk" else None
         while running():
-            # Over 256 tokens, so whole KV blocks move (CPU block size 128).
             # --prompts K: every worker cycles through the same K prompts (prefix-cache hits on every instance).
             tag = f"{n % args.prompts}" if args.prompts else f"{wid}-{n}"
-            prompt = f"load {tag} " + "the prefill host computes the KV cache and ships it " * 40
+            prompt = f"load {tag} " + PROMPT_BODY
             stream = client is not None and n % 2 == 1
             t0 = time.monotonic()
             if client is not None:
