@@ -136,14 +136,16 @@ def unit_state(host, unit):
 
 
 def vip_taken_from_journal(text, since_epoch, state="MASTER"):
-    """The first "Entering <state> STATE" at or after since_epoch in `journalctl -o short-unix` text, or None."""
+    """The first "Entering <state> STATE" at or after since_epoch in `journalctl -o short-unix` text, or None.
+    state may be a tuple: the first of any of them (BACKUP or FAULT: the host gave the VIP up)."""
+    states = (state,) if isinstance(state, str) else tuple(state)
     for line in text.splitlines():
         stamp, _, rest = line.partition(" ")
         try:
             t = float(stamp)
         except ValueError:
             continue
-        if t >= since_epoch and f"Entering {state} STATE" in rest:
+        if t >= since_epoch and any(f"Entering {st} STATE" in rest for st in states):
             return t
     return None
 
@@ -175,8 +177,15 @@ class Lab:
         entry, the router port takes the entry hosts only."""
         return http_get(host, f"http://{ip_of(host)}:{self.args.router_port}/liveness") is not None
 
-    def holds_vip(self, host):
-        return bool(sh(host, "ip", "-o", "addr", "show", "to", self.args.entry_vip, check=False).stdout.strip())
+    def holds_vip(self, host, tries=3):
+        """Whether host carries the VIP. A `docker exec` that itself fails (the loaded lab, a container that just
+        resumed) is asked again, not read as "no VIP": an empty answer must mean `ip` said so."""
+        for _ in range(tries):
+            res = sh(host, "ip", "-o", "addr", "show", "to", self.args.entry_vip, check=False)
+            if res.returncode == 0:
+                return bool(res.stdout.strip())
+            time.sleep(0.2)
+        raise RuntimeError(f"{host}: cannot read its addresses: {res.stderr.strip()[:200]}")
 
     def vip_holder(self):
         """The entry host that carries the VIP now (None: none does; several: the first)."""
@@ -384,15 +393,20 @@ def drill_entry_freeze(lab, freeze_s, watch_s, goal_s):
     resume_epoch = time.time()
     holders, end = [], time.monotonic() + watch_s
     while time.monotonic() < end:
-        now = [h for h in lab.args.entry if lab.holds_vip(h)]
+        try:
+            now = [h for h in lab.args.entry if lab.holds_vip(h)]
+        except RuntimeError:  # docker could not ask; the journal check below still sees a real move
+            time.sleep(0.2)
+            continue
         if not holders or holders[-1][1] != now:
             holders.append((round(time.time() - resume_epoch, 1), now))
         time.sleep(0.2)
     records = paced.stop()
     new_holder = lab.vip_holder()
     taken = lab.vip_taken_at(new_holder, before) if moved is not None and new_holder else None
-    # The new holder's own word that it gave the VIP up again (a flip-back the sampling could miss).
-    gave_up = lab.vip_taken_at(new_holder, taken, "BACKUP") if taken else None
+    # The new holder's own word that it gave the VIP up again (a flip-back the sampling could miss; FAULT: its
+    # HAProxy check failed, which drops the VIP as surely).
+    gave_up = lab.vip_taken_at(new_holder, taken, ("BACKUP", "FAULT")) if taken else None
     seen = moved
     moved = moved if taken is None else max(0.0, taken - freeze_epoch)
     moved_epoch = None if moved is None else freeze_epoch + moved
@@ -450,7 +464,8 @@ def freeze_problems(r):
     flips = [h for _, h in r["holders_after_resume"] if h != [r["new_holder"]]]
     if r["new_holder"] in (None, r["host"]) or flips or r.get("new_holder_gave_up_s") is not None:
         out.append(f"{where}: after the resume the VIP did not stay on one other entry host "
-                   f"(holders from the resume on: {r['holders_after_resume']})")
+                   f"(holders from the resume on: {r['holders_after_resume']}; the new holder's journal: "
+                   f"BACKUP/FAULT at {r.get('new_holder_gave_up_s')} s after the freeze)")
     paced = r["paced"]
     if paced["failed_after_move"]:
         out.append(f"{where}: {len(paced['failed_after_move'])} paced requests sent after the VIP moved failed: "

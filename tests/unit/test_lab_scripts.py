@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 LAB = Path(__file__).resolve().parents[2] / "scripts" / "lab"
 
 
@@ -411,3 +413,20 @@ def test_vip_move_time_comes_from_keepalived_journal():
     assert drills.vip_taken_from_journal(text, 1000.0) == 1003.6
     assert drills.vip_taken_from_journal(text, 1011.0) is None
     assert drills.vip_taken_from_journal(text, 1000.0, "BACKUP") == 1000.1
+    # a FAULT (the holder's HAProxy check failed) gives the VIP up as surely as BACKUP
+    fault = text + "1012.5 entry2 Keepalived_vrrp[9]: (entry_vip) Entering FAULT STATE\n"
+    assert drills.vip_taken_from_journal(fault, 1011.0, ("BACKUP", "FAULT")) == 1012.5
+    assert drills.vip_taken_from_journal(fault, 1011.0, "BACKUP") is None
+
+
+def test_vip_probe_asks_again_when_docker_fails(monkeypatch):
+    """A `docker exec` that fails is not "no VIP" (the sample that failed CI at stop 35 read it so)."""
+    answers = iter([subprocess.CompletedProcess([], 1, "", "OCI runtime exec failed"),
+                    subprocess.CompletedProcess([], 0, "2: eth0 inet 172.30.0.50/24\n", "")])
+    monkeypatch.setattr(drills, "sh", lambda *a, **k: next(answers))
+    lab = drills.Lab.__new__(drills.Lab)
+    lab.args = type("A", (), {"entry_vip": "172.30.0.50"})()
+    assert lab.holds_vip("entry1") is True
+    monkeypatch.setattr(drills, "sh", lambda *a, **k: subprocess.CompletedProcess([], 1, "", "gone"))
+    with pytest.raises(RuntimeError):
+        lab.holds_vip("entry1", tries=2)
