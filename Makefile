@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-drills lab-monitoring lab-rolling molecule-test rdma-test clean
+.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-drills lab-monitoring lab-reuse lab-rolling molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -92,6 +92,9 @@ lab-drills: venv
 lab-monitoring: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/monitoring-test.py --out lab-results/monitoring.json
 	$(LAB_PLAY) playbooks/report.yml -e report_minutes=10 -e report_out=$(CURDIR)/lab-results/monitoring-report.png
+
+lab-reuse: venv
+	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/reuse.py --out lab-results/reuse.json
 
 lab-rolling: venv
 	ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) scripts/lab/rolling-test.sh $(CURDIR)/lab-results

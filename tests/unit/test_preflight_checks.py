@@ -286,6 +286,8 @@ FAILING = {
                    ["entry_keys on entry-1 is empty", "group_vars/entry/main.yml"]),
     "entry_rate_limits": ("entry-1", entry_inv(entry_rate_limits={"bob": 5}), ENTRY_GROUPS,
                           ['entry_rate_limits names "bob" on entry-1', "alice, ci"]),
+    "entry_prefix_balance": ("entry-1", entry_inv(entry_prefix_hash_bytes=8, entry_hash_balance_factor=50), ENTRY_GROUPS,
+                             ["entry_prefix_hash_bytes=8 on entry-1", "entry_hash_balance_factor=50 on entry-1"]),
     "entry_tls_files": ("entry-1", entry_inv(entry_tls_cert_file="/nonexistent/entry.crt"), ENTRY_GROUPS,
                         ['entry_tls_cert_file="/nonexistent/entry.crt" and entry_tls_key_file="" on entry-1']),
     "entry_vip": ("ctl-1", entry_inv(entry_vip="10.0.5.50"), ENTRY_GROUPS,
