@@ -200,6 +200,18 @@ class Lab:
                  "--since", "@%d" % int(since_epoch), check=False, timeout=30)
         return vip_taken_from_journal(res.stdout, since_epoch, state)
 
+    def vip_move(self, polled, since_epoch, from_epoch):
+        """Where the VIP went after a fault at from_epoch, and when: polled is when polling saw another host hold it
+        (None: never); keepalived's journal ("Entering MASTER STATE" after since_epoch) gives the exact time where it
+        has one. Returns (new holder, seconds from from_epoch, the journal time or None, the fields both entry drills
+        report)."""
+        new_holder = self.vip_holder()
+        taken = self.vip_taken_at(new_holder, since_epoch) if polled is not None and new_holder else None
+        moved = polled if taken is None else max(0.0, taken - from_epoch)
+        return new_holder, moved, taken, {
+            "vip_seen_s": None if polled is None else round(polled, 1), "vip_moved_by": "journal" if taken else "polling",
+            "vip_moved_s": None if moved is None else round(moved, 1), "new_holder": new_holder}
+
     def router_ok_n(self, n=3):
         return load.serves(self.router, self.model, self.key, n, prompt=self.PROBE)
 
@@ -348,13 +360,9 @@ def drill_entry_stop(lab, unit, kind, goal_s):
             return lab.router_ok_n()
         routed = wait_for(serves, lab.args.limit) if moved is not None else None
         routed = None if routed is None else attempt["sent"] - t0
-        new_holder = lab.vip_holder()
-        taken = lab.vip_taken_at(new_holder, before) if moved is not None and new_holder else None
-        r.update(vip_seen_s=None if moved is None else round(moved, 1), vip_moved_by="journal" if taken else "polling")
         # from the moment `systemctl stop` returned (a keepalived that stops hands the VIP over while it stops: 0)
-        moved = moved if taken is None else max(0.0, taken - epoch)
-        r.update(vip_moved_s=None if moved is None else round(moved, 1), new_holder=new_holder,
-                 router_ok_s=None if routed is None else round(routed, 1),
+        _, moved, _, fields = lab.vip_move(moved, before, epoch)
+        r.update(fields, router_ok_s=None if routed is None else round(routed, 1),
                  # the failures before the VIP moved are the in-flight ones; after it, every request must succeed
                  recovery_s=None if moved is None else round(moved, 1),
                  recovery_epoch=None if moved is None else epoch + moved)
@@ -402,17 +410,12 @@ def drill_entry_freeze(lab, freeze_s, watch_s, goal_s):
             holders.append((round(time.time() - resume_epoch, 1), now))
         time.sleep(0.2)
     records = paced.stop()
-    new_holder = lab.vip_holder()
-    taken = lab.vip_taken_at(new_holder, before) if moved is not None and new_holder else None
+    new_holder, moved, taken, fields = lab.vip_move(moved, before, freeze_epoch)
     # The new holder's own word that it gave the VIP up again (a flip-back the sampling could miss; FAULT: its
     # HAProxy check failed, which drops the VIP as surely).
     gave_up = lab.vip_taken_at(new_holder, taken, ("BACKUP", "FAULT")) if taken else None
-    seen = moved
-    moved = moved if taken is None else max(0.0, taken - freeze_epoch)
     moved_epoch = None if moved is None else freeze_epoch + moved
-    r.update(vip_moved_s=None if moved is None else round(moved, 1), new_holder=new_holder,
-             vip_seen_s=None if seen is None else round(seen, 1), vip_moved_by="journal" if taken else "polling",
-             new_holder_gave_up_s=None if gave_up is None else round(gave_up - freeze_epoch, 1),
+    r.update(fields, new_holder_gave_up_s=None if gave_up is None else round(gave_up - freeze_epoch, 1),
              freeze_epoch=freeze_epoch, moved_epoch=moved_epoch, resumed_s=round(resume_epoch - freeze_epoch, 1),
              holders_after_resume=holders, recovery_s=None if moved is None else round(moved, 1),
              recovery_epoch=moved_epoch, paced=paced_classes(records, freeze_epoch, moved_epoch))

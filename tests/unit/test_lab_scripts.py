@@ -430,3 +430,16 @@ def test_vip_probe_asks_again_when_docker_fails(monkeypatch):
     monkeypatch.setattr(drills, "sh", lambda *a, **k: subprocess.CompletedProcess([], 1, "", "gone"))
     with pytest.raises(RuntimeError):
         lab.holds_vip("entry1", tries=2)
+
+
+def test_vip_move_prefers_keepalived_journal_over_polling(monkeypatch):
+    """Both entry drills time the VIP's move the same way: keepalived's journal when it has the move, else polling."""
+    lab = drills.Lab.__new__(drills.Lab)
+    monkeypatch.setattr(lab, "vip_holder", lambda: "entry2", raising=False)
+    monkeypatch.setattr(lab, "vip_taken_at", lambda host, since, state="MASTER": 1003.2, raising=False)
+    holder, moved, taken, fields = lab.vip_move(4.7, 999.0, 1000.0)
+    assert (holder, round(moved, 1), taken) == ("entry2", 3.2, 1003.2)
+    assert fields == {"vip_seen_s": 4.7, "vip_moved_by": "journal", "vip_moved_s": 3.2, "new_holder": "entry2"}
+    monkeypatch.setattr(lab, "vip_taken_at", lambda host, since, state="MASTER": None, raising=False)
+    assert lab.vip_move(4.7, 999.0, 1000.0)[3]["vip_moved_by"] == "polling"
+    assert lab.vip_move(None, 999.0, 1000.0)[1] is None
