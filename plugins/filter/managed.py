@@ -46,6 +46,11 @@ VLLM_FLAGS = [
     {'flag': '--middleware', 'value': 'pd_bundle_drain.DrainMiddleware', 'appends': True,
      'vars': 'nothing (the drain middleware of rolling restarts)'},
     {'flag': '--max-model-len', 'tail': 'vllm_max_model_len', 'vars': 'vllm_max_model_len'},
+    # The routers' cache_aware (and kv_aware) tokenize a prompt with the prefill's POST /v1/completions/render,
+    # which vLLM answers 403 without this ("missing_tokens": the router then routes by load; docs/routing.md).
+    # It also opens vLLM's token-in/token-out routes; all of them under /v1 or /inference, behind the API key.
+    {'flag': '--enable-scale-out', 'switch': 'vllm_prefill_render',
+     'vars': 'vllm_prefill_render (prefill instances only)'},
 ]
 
 # Short aliases of vLLM flags (vllm/engine/arg_utils.py, EngineArgs.add_cli_args: -tp, -pp, -dp, -q).
@@ -162,11 +167,14 @@ def _positive_int(value):
 
 def vllm_serve_extra_args(extra_args, settings):
     """SERVE_EXTRA_ARGS' tokens: the operator's extra args, then each tail flag whose variable (settings[var])
-    is a positive integer (after the extra args, so the bundle's value is the last one)."""
+    is a positive integer (after the extra args, so the bundle's value is the last one), then each switch whose
+    variable is true."""
     out = [str(a) for a in extra_args or []]
     for entry in VLLM_FLAGS:
         if 'tail' in entry and _positive_int((settings or {}).get(entry['tail'])):
             out += [entry['flag'], str(int(settings[entry['tail']]))]
+        elif 'switch' in entry and (settings or {}).get(entry['switch']) is True:
+            out.append(entry['flag'])
     return out
 
 

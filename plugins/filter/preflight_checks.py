@@ -891,6 +891,8 @@ def _vllm_argv(cfg, inst):
             tail = _managed.vllm_serve_extra_args([], {entry['tail']: cfg.get(entry['tail'])})
             if tail:
                 out.append((entry['flag'], tail[1], entry['tail']))
+        elif 'switch' in entry and cfg.get(entry['switch']) is True:
+            out.append((entry['flag'], None, entry['switch']))
     return out
 
 

@@ -56,7 +56,7 @@ def test_exec_start_comes_from_the_table():
 
 def test_every_flag_has_one_way_to_render():
     for entry in mg.VLLM_FLAGS:
-        assert sum(k in entry for k in ('env', 'value', 'tail')) == 1, entry
+        assert sum(k in entry for k in ('env', 'value', 'tail', 'switch')) == 1, entry
         assert entry['flag'].startswith('--') and entry['vars']
         if 'env' in entry:
             assert entry['env'] in mg.VLLM_ENV
@@ -81,6 +81,9 @@ def test_serve_extra_args_puts_the_tail_last():
     assert mg.vllm_serve_extra_args(['--enforce-eager'], {'vllm_max_model_len': 0}) == ['--enforce-eager']
     assert mg.vllm_serve_extra_args([], {'vllm_max_model_len': '2048'}) == ['--max-model-len', '2048']
     assert mg.vllm_serve_extra_args([], {}) == []
+    # a switch: the flag alone, only when its variable is true (a prefill instance with vllm_prefill_render)
+    assert mg.vllm_serve_extra_args([], {'vllm_prefill_render': True}) == ['--enable-scale-out']
+    assert mg.vllm_serve_extra_args([], {'vllm_prefill_render': False}) == []
 
 
 def test_user_env_and_store_config_refuse_managed_names():
