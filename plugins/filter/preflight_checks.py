@@ -1539,6 +1539,31 @@ def router_api_keys(hostvars, groups, specs, host):
             'from Ansible Vault) and remove the per-host values.' % (host, '; '.join(parts))]
 
 
+# Prefill policies that match tokens the prefill instances render for the router (POST /v1/completions/render).
+RENDER_POLICIES = ('cache_aware',)
+
+
+@check('router', scope='fleet')
+def router_prefill_render(hostvars, groups, specs, host):
+    """A router whose prefill policy matches tokens needs every prefill instance to render them
+    (vllm_prefill_render): without it vllm-router 0.1.17 routes by load only, silently (docs/routing.md)."""
+    policies = {}
+    for router, rc in _cfgs(hostvars, groups.get('vllm_router') or []):
+        if str(rc.get('vllm_router_prefill_policy')) in RENDER_POLICIES:
+            policies.setdefault(str(rc.get('vllm_router_prefill_policy')), []).append(router)
+    if not policies:
+        return []
+    off = [h for h, c in _cfgs(hostvars, groups.get('vllm_prefill') or []) if c.get('vllm_prefill_render') is False]
+    if not off:
+        return []
+    return ['vllm_prefill_render is false on %s while the routers %s route prefill by %s (checked on %s): that policy '
+            'matches the tokens each prefill renders for it (POST /v1/completions/render); without them vllm-router '
+            'routes by load only, and a conversation\'s next turn recomputes its prefix elsewhere. Fix: set '
+            'vllm_prefill_render: true (the default), or vllm_router_prefill_policy: round_robin.'
+            % (', '.join(off), ', '.join(sorted(r for rs in policies.values() for r in rs)),
+               ' / '.join(sorted(policies)), host)]
+
+
 # --- the entry (HAProxy + keepalived in front of the routers) ------------------------------------------
 
 ENTRY_KEY_NAME_RE = '^[A-Za-z0-9_.-]{1,64}$'

@@ -286,6 +286,8 @@ FAILING = {
                    ["entry_keys on entry-1 is empty", "group_vars/entry/main.yml"]),
     "entry_rate_limits": ("entry-1", entry_inv(entry_rate_limits={"bob": 5}), ENTRY_GROUPS,
                           ['entry_rate_limits names "bob" on entry-1', "alice, ci"]),
+    "router_prefill_render": ("router-1", with_vars("gpu-p1", vllm_prefill_render=False), None,
+                              ["vllm_prefill_render is false on gpu-p1 while the routers router-1 route prefill by cache_aware"]),
     "entry_prefix_balance": ("entry-1", entry_inv(entry_prefix_hash_bytes=8, entry_hash_balance_factor=50), ENTRY_GROUPS,
                              ["entry_prefix_hash_bytes=8 on entry-1", "entry_hash_balance_factor=50 on entry-1"]),
     "entry_tls_files": ("entry-1", entry_inv(entry_tls_cert_file="/nonexistent/entry.crt"), ENTRY_GROUPS,
