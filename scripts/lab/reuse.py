@@ -34,6 +34,7 @@ sys.path.insert(0, str(HERE))
 import load  # noqa: E402  (scripts/lab/load.py: the SDK client)
 from labinv import Lab  # noqa: E402
 
+DECISION_RE = re.compile(r'^vllm_router_prefix_routing_decisions_total\{[^}]*outcome="([^"]+)"[^}]*\}\s+(\S+)', re.M)
 SOURCE_RE = re.compile(r'^vllm:prompt_tokens_by_source_total\{([^}]*)\}\s+(\S+)', re.M)
 BLOCK_RE = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
 # Words for the openings: a fixed list, drawn per conversation and run, so each opening is its own text.
@@ -49,6 +50,14 @@ def parse_sources(text):
         m = re.search(r'source="([^"]+)"', labels)
         if m:
             out[m.group(1)] = out.get(m.group(1), 0.0) + float(value)
+    return out
+
+
+def decisions(text):
+    """{outcome: count} of a router's prefix-routing decisions (prefix_hit, prefix_miss, missing_tokens, ...)."""
+    out = {}
+    for outcome, value in DECISION_RE.findall(text or ""):
+        out[outcome] = out.get(outcome, 0.0) + float(value)
     return out
 
 
@@ -159,11 +168,11 @@ def run(client, model, conversations, turns, words, max_tokens, nonce, concurren
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="default")
-    ap.add_argument("--conversations", type=int, default=9)
+    ap.add_argument("--conversations", type=int, default=12)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--words", type=int, default=450, help="opening length in words (about 3 tokens each with the lab tokenizer)")
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--concurrency", type=int, default=3, help="conversations in flight at once")
+    ap.add_argument("--concurrency", type=int, default=4, help="conversations in flight at once")
     ap.add_argument("--goal", type=float, default=1.15)
     ap.add_argument("--no-goal", action="store_true", help="report only (the benchmark's other policies)")
     ap.add_argument("--label", default="")
@@ -177,6 +186,14 @@ def main(argv=None):
     def snapshot(insts):
         return {f"{h}:{p}": parse_sources(metrics(h, p, lab)) for h, _, p in insts}
     block = block_size_of(metrics(prefills[0][0], prefills[0][2], lab))
+    routers = lab.hosts("vllm_router")
+
+    def router_decisions():
+        port = lab.var("vllm_router_prometheus_port")
+        return {h: decisions(docker_py(h, "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen("
+                                          f"'http://{lab.ips[h]}:{port}/metrics',timeout=10).read().decode())"))
+                for h in routers}
+    before_r = router_decisions()
     before_p, before_d = snapshot(prefills), snapshot(decodes)
     os.environ.setdefault("PD_CLIENT_CA", lab.client_ca())
     client = load.sdk_client(lab.client_url(), 120, lab.client_key())
@@ -187,6 +204,7 @@ def main(argv=None):
     elapsed = time.monotonic() - t0
     time.sleep(2)  # the instances' counters are updated when a request finishes; give the last one a moment
     after_p, after_d = snapshot(prefills), snapshot(decodes)
+    after_r = router_decisions()
 
     def delta(after, before, source):
         return sum(after[k].get(source, 0.0) - before[k].get(source, 0.0) for k in after)
@@ -203,6 +221,9 @@ def main(argv=None):
          "decode_by_transfer": delta(after_d, before_d, "external_kv_transfer"),
          "decode_local_hit": delta(after_d, before_d, "local_cache_hit"),
          "decode_local_compute": delta(after_d, before_d, "local_compute"),
+         # each router's prefill decisions in the run: a missing_tokens one routed by load (no render answer)
+         "router_decisions": {h: {k: v - before_r[h].get(k, 0.0) for k, v in after_r[h].items()
+                                  if v - before_r[h].get(k, 0.0)} for h in after_r},
          "seconds": round(elapsed, 1), "requests_per_s": round(len(records) / elapsed, 2),
          "latency_p50_s": sorted(x["latency"] for x in records)[len(records) // 2]}
     r["computed_over_perfect"] = round(r["computed_tokens"] / r["perfect_tokens"], 3) if r["perfect_tokens"] else None
@@ -215,7 +236,7 @@ def main(argv=None):
           f"prompt {r['prompt_tokens']} tokens, perfect cache {r['perfect_tokens']}, prefill computed "
           f"{r['computed_tokens']:.0f} = {r['computed_over_perfect']}x perfect; per instance "
           f"{r['prefill_computed_by_instance']}; decode by transfer {r['decode_by_transfer']:.0f}, "
-          f"own hits {r['decode_local_hit']:.0f}; {r['seconds']} s")
+          f"own hits {r['decode_local_hit']:.0f}; router decisions {r['router_decisions']}; {r['seconds']} s")
     for p in problems:
         print("REUSE FAILED: " + p, file=sys.stderr)
     return 1 if problems else 0

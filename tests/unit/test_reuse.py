@@ -37,3 +37,9 @@ def test_metrics_parsing_sums_the_sources():
             'vllm:cache_config_info{block_size="128",cache_dtype="auto"} 1.0\n')
     assert reuse.parse_sources(text) == {"local_compute": 120.0, "local_cache_hit": 64.0}
     assert reuse.block_size_of(text) == 128
+
+
+def test_router_decisions_are_read_by_outcome():
+    text = ('vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="prefill",outcome="prefix_hit"} 11\n'
+            'vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="prefill",outcome="missing_tokens"} 1\n')
+    assert reuse.decisions(text) == {"prefix_hit": 11.0, "missing_tokens": 1.0}
