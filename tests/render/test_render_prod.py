@@ -465,10 +465,14 @@ def test_rendered_vllm_command_and_env_are_the_managed_table(prod_render, invent
             argv = expand_exec(unit_exec_start(prod_render / host / 'etc/systemd/system/vllm@.service'), env)
             extra = [str(a) for a in hv[host].get('vllm_extra_args', [])] + [str(a) for a in inst.get('extra_args', [])]
             head = argv[3:len(argv) - len(env['SERVE_EXTRA_ARGS'].split())]
-            assert {a for a in head if a.startswith('--')} == {e['flag'] for e in mg.VLLM_FLAGS if 'tail' not in e}
+            # tail and switch flags follow the extra args (SERVE_EXTRA_ARGS); the others come before them
+            after = {e['flag'] for e in mg.VLLM_FLAGS if 'tail' in e or 'switch' in e}
+            assert {a for a in head if a.startswith('--')} == {e['flag'] for e in mg.VLLM_FLAGS} - after
             tail = env['SERVE_EXTRA_ARGS'].split()
             assert tail[:len(extra)] == extra
-            assert {a for a in tail[len(extra):] if a.startswith('--')} <= {e['flag'] for e in mg.VLLM_FLAGS if 'tail' in e}
+            assert {a for a in tail[len(extra):] if a.startswith('--')} <= after
+            # prefill instances render tokens for the routers' cache_aware (vllm_prefill_render, on in prod)
+            assert ('--enable-scale-out' in tail[len(extra):]) == (group == 'vllm_prefill')
 
 
 def test_render_mode_refuses_what_systemd_ignores(tmp_path):
