@@ -1619,19 +1619,22 @@ def entry_rate_limits(cfg, host, groups, specs):
 
 @check('entry')
 def entry_prefix_balance(cfg, host, groups, specs):
-    """The prefix balance hashes bytes HAProxy holds: at least a prompt's start, at most its buffer."""
-    if not _roles(host, groups)['entry'] or str(cfg.get('entry_router_balance', 'prefix')) != 'prefix':
+    """The prefix balance hashes bytes HAProxy holds: at least a prompt's start, at most its buffer. Types are the
+    spec's to refuse (_int skips them); the defaults named in the fixes are the spec's."""
+    if not _roles(host, groups)['entry'] or str(cfg.get('entry_router_balance')) != 'prefix':
         return []
     out = []
-    n, buf = cfg.get('entry_prefix_hash_bytes', 1024), cfg.get('entry_bufsize', 65536)
-    if isinstance(n, bool) or not _pf.is_intlike(n) or not 64 <= int(n) <= (int(buf) if _pf.is_intlike(buf) else 65536):
+    n, buf = _int(cfg.get('entry_prefix_hash_bytes')), _int(cfg.get('entry_bufsize'))
+    if n is not None and not (64 <= n and (buf is None or n <= buf)):
         out.append('entry_prefix_hash_bytes=%s on %s: the prefix balance hashes this many bytes of each request body '
                    '(fewer than 64 hold little of a prompt; more than entry_bufsize=%s are not buffered). Fix: an '
-                   'integer from 64 to entry_bufsize (default 1024).' % (_j(n), host, _j(buf)))
-    f = cfg.get('entry_hash_balance_factor', 150)
-    if isinstance(f, bool) or not _pf.is_intlike(f) or not (int(f) == 0 or int(f) > 100):
+                   'integer from 64 to entry_bufsize (default %s).'
+                   % (n, host, _j(cfg.get('entry_bufsize')), _option(specs, 'entry_prefix_hash_bytes', 'entry').get('default')))
+    f = _int(cfg.get('entry_hash_balance_factor'))
+    if f is not None and not (f == 0 or f > 100):
         out.append('entry_hash_balance_factor=%s on %s is no bound HAProxy takes (a %% of the average load). Fix: '
-                   '0 (no bound) or an integer above 100 (default 150).' % (_j(f), host))
+                   '0 (no bound) or an integer above 100 (default %s).'
+                   % (f, host, _option(specs, 'entry_hash_balance_factor', 'entry').get('default')))
     return out
 
 

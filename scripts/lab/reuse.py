@@ -27,11 +27,13 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import load  # noqa: E402  (scripts/lab/load.py: the SDK client)
+from drills import DOCKER, http_get  # noqa: E402  (the docker client; a GET from inside a lab container)
 from labinv import Lab  # noqa: E402
 
 DECISION_RE = re.compile(r'^vllm_router_prefix_routing_decisions_total\{[^}]*outcome="([^"]+)"[^}]*\}\s+(\S+)', re.M)
@@ -69,21 +71,18 @@ def block_size_of(text):
 def perfect_cache_tokens(prompts, block_size):
     """Tokens a fleet-wide cache that keeps every block computes for these prompts, in order: each prompt's
     length minus its longest run of whole leading blocks seen before (a hit covers at most length - 1 tokens,
-    as in vLLM: the last token is always computed)."""
+    as in vLLM: the last token is always computed). A block is known by its whole prefix (a chained hash)."""
     seen, total = set(), 0
     for ids in prompts:
-        n, hit, key = len(ids), 0, ()
-        for start in range(0, max(0, n - 1) - block_size + 1, block_size):
-            key = key + (tuple(ids[start:start + block_size]),)
-            if hash(key) in seen:
-                hit = start + block_size
-            else:
-                break
-        key = ()
-        for start in range(0, n - block_size + 1, block_size):
-            key = key + (tuple(ids[start:start + block_size]),)
-            seen.add(hash(key))
-        total += n - hit
+        chain, key = [], None
+        for start in range(0, len(ids) - block_size + 1, block_size):
+            key = hash((key, tuple(ids[start:start + block_size])))
+            chain.append(key)
+        usable, hit = (len(ids) - 1) // block_size, 0
+        while hit < min(usable, len(chain)) and chain[hit] in seen:
+            hit += 1
+        seen.update(chain)
+        total += len(ids) - hit * block_size
     return total
 
 
@@ -102,18 +101,12 @@ def reuse_problems(r, goal):
     return []
 
 
-def docker_py(host, code, stdin=None, timeout=60):
-    res = subprocess.run(["docker", "exec", "-i", host, "python3", "-c", code], input=stdin, capture_output=True,
-                         text=True, timeout=timeout)
-    if res.returncode != 0:
-        raise RuntimeError(f"{host}: {res.stderr.strip()[-300:]}")
-    return res.stdout
-
-
 def metrics(host, port, lab):
-    ip = lab.ips[host]
-    code = f"import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://{ip}:{port}/metrics',timeout=10).read().decode())"
-    return docker_py(host, code)
+    """The /metrics text at host's own address and port, read inside host (drills.http_get); raises if unread."""
+    text = http_get(host, f"http://{lab.ips[host]}:{port}/metrics", timeout=10)
+    if text is None:
+        raise RuntimeError(f"{host}: no answer from :{port}/metrics")
+    return text
 
 
 def tokenize(host, port, lab, prompts):
@@ -126,7 +119,11 @@ def tokenize(host, port, lab, prompts):
             "headers={'Content-Type':'application/json'})\n"
             "    out.append(json.loads(urllib.request.urlopen(r,timeout=30).read())['tokens'])\n"
             "json.dump(out,sys.stdout)")
-    return json.loads(docker_py(host, code, stdin=json.dumps(prompts), timeout=300))
+    res = subprocess.run([DOCKER, "exec", "-i", host, "python3", "-c", code], input=json.dumps(prompts),
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(f"{host}: /tokenize: {res.stderr.strip()[-300:]}")
+    return json.loads(res.stdout)
 
 
 def opening(conv, nonce, words):
@@ -138,7 +135,6 @@ def run(client, model, conversations, turns, words, max_tokens, nonce, concurren
     """The interleaved turns, `concurrency` at a time (users in parallel: a router that balances load sees load);
     a round (one turn of every conversation) ends before the next begins. Returns (prompts in send order,
     records)."""
-    from concurrent.futures import ThreadPoolExecutor
     history = {c: opening(c, nonce, words) for c in range(conversations)}
     prompts, records = [], []
 
@@ -189,10 +185,7 @@ def main(argv=None):
     routers = lab.hosts("vllm_router")
 
     def router_decisions():
-        port = lab.var("vllm_router_prometheus_port")
-        return {h: decisions(docker_py(h, "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen("
-                                          f"'http://{lab.ips[h]}:{port}/metrics',timeout=10).read().decode())"))
-                for h in routers}
+        return {h: decisions(metrics(h, lab.var("vllm_router_prometheus_port"), lab)) for h in routers}
     before_r = router_decisions()
     before_p, before_d = snapshot(prefills), snapshot(decodes)
     os.environ.setdefault("PD_CLIENT_CA", lab.client_ca())
