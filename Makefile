@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-drills lab-monitoring lab-reuse lab-rolling molecule-test rdma-test clean
+.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -95,6 +95,9 @@ lab-monitoring: venv
 
 lab-reuse: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/reuse.py --out lab-results/reuse.json
+
+lab-store-tier: venv
+	mkdir -p lab-results && $(PY) scripts/lab/store_tier.py --out lab-results/store-tier.json
 
 lab-rolling: venv
 	ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) scripts/lab/rolling-test.sh $(CURDIR)/lab-results

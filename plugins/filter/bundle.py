@@ -359,7 +359,8 @@ SOURCE_CLASSES = {
     'router': 'the vllm-router hosts',
     'entry': 'the entry hosts (HAProxy)',
     'store_clients': 'the prefill/decode hosts that run a Mooncake store client: all of them in store mode '
-                     '(MooncakeStoreConnector), else the two hosts of verify.yml\'s store round trip',
+                     '(MooncakeStoreConnector), else the store tier\'s prefill hosts (vllm_store_tier) and the '
+                     'two hosts of verify.yml\'s store round trip',
     'monitoring': 'the monitoring group\'s hosts (Prometheus) and firewall_extra_sources (your own Prometheus, Grafana)',
     # Never a bundle listener's: firewall_cluster_tcp_ports (the operator's services for the fleet).
     'cluster': 'every bundle host',
@@ -533,6 +534,14 @@ def store_mode(groups, hostvars):
                for h in list(groups.get('vllm_prefill') or []) + list(groups.get('vllm_decode') or []))
 
 
+def store_tier_hosts(groups, hostvars):
+    """The prefill hosts whose instances run the store as a reuse tier behind P2P (vllm_store_tier, P2P mode,
+    with a master to store through): their store clients talk to each other and to the masters."""
+    if store_mode(groups, hostvars) or not groups.get('mooncake_master'):
+        return []
+    return [h for h in groups.get('vllm_prefill') or [] if _boollike(host_cfg(h, hostvars).get('vllm_store_tier', False))]
+
+
 def firewall_source_classes(groups, hostvars, extra_sources=None):
     """{class: [address or network, ...]} for every SOURCE_CLASSES entry but 'any', plus 'cluster' (every
     bundle host, for firewall_cluster_tcp_ports). store_clients: every prefill/decode host in store mode; in
@@ -550,7 +559,8 @@ def firewall_source_classes(groups, hostvars, extra_sources=None):
     if store_mode(groups, hostvars):
         store = g['vllm_prefill'] + g['vllm_decode']
     elif g['mooncake_master']:
-        store = g['vllm_prefill'][:1] + g['vllm_decode'][:1]
+        tier = store_tier_hosts(groups, hostvars)
+        store = [h for h in g['vllm_prefill'] if h in tier or h in g['vllm_prefill'][:1]] + g['vllm_decode'][:1]
     else:
         store = []
     monitoring = ips(g['monitoring'])
@@ -696,7 +706,7 @@ def master_http_metadata(host, groups, hostvars):
     setting = host_cfg(host, hostvars).get('mooncake_master_http_metadata_server', 'auto')
     if str(setting).strip().lower() != 'auto':
         return _boollike(setting)
-    if not store_mode(groups, hostvars):
+    if not store_mode(groups, hostvars) and not store_tier_hosts(groups, hostvars):
         return False
     masters = groups.get('mooncake_master') or []
     vllm = list(groups.get('vllm_prefill') or []) + list(groups.get('vllm_decode') or [])

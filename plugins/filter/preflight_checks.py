@@ -175,6 +175,25 @@ def _store_mode(hostvars, groups):
     return any(cfg.get('vllm_kv_connector') == 'MooncakeStoreConnector' for _, cfg in _cfgs(hostvars, _vllm_hosts(groups)))
 
 
+def _tier_hosts(hostvars, groups):
+    """The prefill hosts that run the store as a reuse tier behind P2P (vllm_store_tier; store mode ignores it)."""
+    if _store_mode(hostvars, groups):
+        return []
+    return [h for h, cfg in _cfgs(hostvars, (groups or {}).get('vllm_prefill') or []) if _truthy(cfg.get('vllm_store_tier'))]
+
+
+def _store_users(hostvars, groups):
+    """[(host, cfg)] of the vLLM hosts whose instances are Mooncake store clients and so share its keys: every
+    prefill and decode host in store mode, the store tier's prefill hosts in P2P mode."""
+    if _store_mode(hostvars, groups):
+        return _cfgs(hostvars, _vllm_hosts(groups))
+    return _cfgs(hostvars, _tier_hosts(hostvars, groups))
+
+
+def _store_used(hostvars, groups):
+    return bool(_store_mode(hostvars, groups) or _tier_hosts(hostvars, groups))
+
+
 def _metadata_backend_set(hostvars, groups):
     cfgs = _cfgs(hostvars, _vllm_hosts(groups)[:1])
     return str(cfgs[0][1].get('mooncake_metadata_backend', 'auto')).strip() if cfgs else 'auto'
@@ -759,8 +778,19 @@ def kv_mode_store_master(hostvars, groups, specs, host):
 
 
 @check('kv_mode', scope='fleet')
+def kv_mode_store_tier_master(hostvars, groups, specs, host):
+    """vllm_store_tier needs a master to store through."""
+    tier = _tier_hosts(hostvars, groups)
+    if not tier or groups.get('mooncake_master'):
+        return []
+    return ['vllm_store_tier is true on %s but the group mooncake_master is empty (checked on %s): the store tier puts '
+            'and finds prefixes through a Mooncake master. Fix: add one host (two or more for HA, with etcd) under '
+            'mooncake_master:, or set vllm_store_tier: false.' % (', '.join(tier), host)]
+
+
+@check('kv_mode', scope='fleet')
 def kv_mode_store_metadata(hostvars, groups, specs, host):
-    if not _store_mode(hostvars, groups):
+    if not _store_used(hostvars, groups):
         return []
     backend = _bundle.metadata_backend(_metadata_backend_set(hostvars, groups), _master_ha(hostvars, groups)[1])
     masters = list(groups.get('mooncake_master') or [])
@@ -773,15 +803,16 @@ def kv_mode_store_metadata(hostvars, groups, specs, host):
         fix = 'set mooncake_master_http_metadata_server: auto (or true), or mooncake_metadata_backend: etcd with an etcd group'
     else:
         return []  # no master at all: kv_mode_store_master
-    return ['mooncake_metadata_backend=%s in store mode (checked on %s), but %s. Fix: %s.' % (backend, host, missing, fix)]
+    return ['mooncake_metadata_backend=%s with a store client (store mode or vllm_store_tier; checked on %s), but %s. '
+            'Fix: %s.' % (backend, host, missing, fix)]
 
 
 @check('kv_mode', scope='fleet')
 def kv_mode_ha_metadata(hostvars, groups, specs, host):
-    if not _store_mode(hostvars, groups) or not _master_ha(hostvars, groups)[1] \
+    if not _store_used(hostvars, groups) or not _master_ha(hostvars, groups)[1] \
             or _metadata_backend_set(hostvars, groups) != 'http':
         return []
-    return ['mooncake_metadata_backend=http with %d HA masters in store mode (checked on %s): the metadata would live in '
+    return ['mooncake_metadata_backend=http with %d HA masters and a store client (checked on %s): the metadata would live in '
             'the first master\'s memory, and restarting that master, leader or standby, loses every engine\'s segment '
             'metadata (store transfers fail until vLLM restarts). Fix: set mooncake_metadata_backend: auto (or etcd), or '
             'run one master (mooncake_master_ha: false).' % (len(groups.get('mooncake_master') or []), host)]
@@ -1537,6 +1568,83 @@ def router_api_keys(hostvars, groups, specs, host):
             'demands one key on /v1/* (VLLM_API_KEY, the routers\' key), so a router with another key, or none, gets '
             '401 from every instance. Fix: set vllm_router_api_key once for the group (group_vars/vllm_router/main.yml, '
             'from Ansible Vault) and remove the per-host values.' % (host, '; '.join(parts))]
+
+
+# --- the store's keys: instances that share a store must compute the same keys for the same prefix ------------
+
+# vLLM's block-hash algorithms whose seed is random per process unless PYTHONHASHSEED is set
+# (vllm/v1/core/kv_cache_utils.py, _NON_CRYPTO_HASH_FUNCTIONS): no two instances would ever share a key.
+NON_CRYPTO_HASH_ALGOS = ('xxhash', 'xxhash_cbor')
+HASH_ALGO_FLAG = '--prefix-caching-hash-algo'
+# The characters a store key uses as separators (plugins/filter/kv_config.py).
+_KEY_FORBIDDEN = re.compile(r'[@\s]')
+
+
+def _instance_env(cfg, inst, key):
+    """An instance's effective value of env var key (mooncake_env < vllm_env < the instance's env), None if unset."""
+    value = None
+    for env in (cfg.get('mooncake_env'), cfg.get('vllm_env'), inst.get('env')):
+        if isinstance(env, dict) and key in env:
+            value = env[key]
+    return None if value is None else str(value)
+
+
+@check('kv_mode', scope='fleet')
+def store_keys(hostvars, groups, specs, host):
+    """Every store client has a model revision (the keys' namespace), and the instances that share the store agree
+    on it, on the served model name and on the block hash (algorithm and PYTHONHASHSEED); block size and KV dtype
+    are pd_engine_equal's (every prefill and decode instance). A difference would not fail: reuse would silently
+    stop, or, for a revision, KV of other weights would be served."""
+    users = _store_users(hostvars, groups)
+    if not users:
+        return []
+    out = []
+    empty = [h for h, cfg in users if not str(cfg.get('vllm_model_revision') or '').strip()]
+    if empty:
+        out.append('vllm_model_revision is empty on %s, which run a Mooncake store client (store mode or vllm_store_tier; '
+                   'checked on %s): the store keys carry only the model directory\'s name, so after a weights upgrade '
+                   'an instance would load KV the old weights computed. Fix: set vllm_model_revision in '
+                   'group_vars/all.yml to the weights\' version (the hub commit, or your own label such as "2026-11-30") '
+                   'and change it with every model upgrade.' % (', '.join(empty), host))
+    bad = [(h, cfg.get('vllm_model_revision')) for h, cfg in users
+           if _KEY_FORBIDDEN.search(str(cfg.get('vllm_model_revision') or '').strip())]
+    for h, value in bad:
+        out.append('vllm_model_revision=%s on %s holds "@" or white space, which the store keys use as separators. '
+                   'Fix: use letters, digits, ".", "-", "_" or ":".' % (_j(value), h))
+    for var in ('vllm_model_revision', 'vllm_served_model_name'):
+        values = {}
+        for h, cfg in users:
+            values.setdefault(_j(_setting(cfg, var)), []).append(h)
+        if len(values) > 1:
+            out.append('%s differs among the hosts that share the store (%s; checked on %s): their keys differ, so no '
+                       'instance finds what another stored. Fix: set %s once, in group_vars/all.yml.'
+                       % (var, '; '.join('%s on %s' % (v, ', '.join(hs)) for v, hs in values.items()), host, var))
+    seeds, algos = {}, {}
+    for h, cfg in users:
+        for _, inst in _instances(cfg):
+            who = '%s/%s' % (h, inst.get('name'))
+            seed = _instance_env(cfg, inst, 'PYTHONHASHSEED')
+            algo = _effective(_vllm_argv(cfg, inst), HASH_ALGO_FLAG)[0]
+            seeds.setdefault(seed, []).append(who)
+            algos.setdefault(algo, []).append(who)
+            if str(algo) in NON_CRYPTO_HASH_ALGOS and seed is None:
+                out.append('%s %s on %s without PYTHONHASHSEED: vLLM seeds that hash at random in every process, so '
+                           'no other instance ever finds this one\'s blocks in the store. Fix: use sha256 (vLLM\'s '
+                           'default), or set PYTHONHASHSEED in vllm_env.' % (HASH_ALGO_FLAG, algo, who))
+    if len(seeds) > 1:
+        out.append('PYTHONHASHSEED differs among the store\'s instances (%s): their block hashes, so their keys, differ. '
+                   'Fix: set it once in vllm_env (group_vars/all.yml), or nowhere.'
+                   % '; '.join('%s on %s' % ('unset' if k is None else _j(k), _who_s(v)) for k, v in seeds.items()))
+    if len(algos) > 1:
+        out.append('%s differs among the store\'s instances (%s): their block hashes, so their keys, differ. Fix: give '
+                   'it one value in vllm_extra_args (group_vars/all.yml), or leave vLLM\'s default everywhere.'
+                   % (HASH_ALGO_FLAG, '; '.join('%s on %s' % ('unset (sha256)' if k is None else k, _who_s(v))
+                                                for k, v in algos.items())))
+    return out
+
+
+def _who_s(names, limit=4):
+    return ', '.join(names[:limit]) + (' and %d more' % (len(names) - limit) if len(names) > limit else '')
 
 
 # Prefill policies that match tokens the prefill instances render for the router (POST /v1/completions/render).

@@ -56,8 +56,23 @@ def test_kv_transfer_config(prod_render, inventory, group, role):
         env = parse_env_file(prod_render / host / 'etc/vllm' / ('%s.env' % inst['name']))
         argv = expand_exec(unit_exec_start(prod_render / host / 'etc/systemd/system/vllm@.service'), env)
         cfg = json.loads(argv[argv.index('--kv-transfer-config') + 1])
-        assert cfg['kv_connector'] == 'MooncakeConnector'
         assert cfg['kv_role'] == role
+        if role == 'kv_producer':
+            # inventory/prod runs the store tier: MultiConnector, the P2P hand-off first, the store's reuse second,
+            # its keys under the served name and the weights' revision.
+            assert cfg['kv_connector'] == 'MultiConnector'
+            p2p, store = cfg['kv_connector_extra_config']['connectors']
+            assert (store['kv_connector'], store['kv_role']) == ('MooncakeStoreConnector', 'kv_both')
+            hv = inventory[1][host]
+            assert store['kv_connector_extra_config'] == {
+                'cache_prefix': '%s:%s' % (hv['vllm_served_model_name'], hv['vllm_model_revision'])}
+            assert env['MOONCAKE_CONFIG_PATH'] == '/etc/vllm/%s.mooncake.json' % inst['name']
+            assert (prod_render / host / 'etc/vllm' / ('%s.mooncake.json' % inst['name'])).is_file()
+            assert p2p['kv_role'] == role and 'engine_id' not in p2p  # the children take MultiConnector's
+            cfg = dict(p2p, engine_id=cfg['engine_id'])
+        else:
+            assert 'MOONCAKE_CONFIG_PATH' not in env  # decode: P2P only, no store client
+        assert cfg['kv_connector'] == 'MooncakeConnector'
         assert cfg['kv_connector_extra_config']['mooncake_protocol'] == 'rdma'
         assert cfg['kv_connector_extra_config']['device_name'] == ','.join(inst['nics'])
         engine_ids.add(cfg['engine_id'])

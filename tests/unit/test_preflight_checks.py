@@ -223,10 +223,10 @@ FAILING = {
     "kv_mode_store_master": ("ctl-1", store_inv(), groups_with(mooncake_master=None),
                              ["vllm_kv_connector=MooncakeStoreConnector (store mode)", "group mooncake_master is empty"]),
     "kv_mode_store_metadata": ("ctl-1", store_inv(mooncake_metadata_backend="etcd"), groups_with(etcd=None),
-                               ["mooncake_metadata_backend=etcd in store mode", "the etcd group is empty"]),
+                               ["mooncake_metadata_backend=etcd with a store client", "the etcd group is empty"]),
     "kv_mode_ha_metadata": ("ctl-1", store_inv(mooncake_metadata_backend="http"),
                             groups_with(mooncake_master=["ctl-1", "ctl-2"]),
-                            ["mooncake_metadata_backend=http with 2 HA masters in store mode", "mooncake_metadata_backend: auto"]),
+                            ["mooncake_metadata_backend=http with 2 HA masters and a store client", "mooncake_metadata_backend: auto"]),
     "fleet_addresses": ("gpu-p1", with_vars("gpu-d1", common_host_ip="10.0.1.21",
                                             vllm_instances=[{"name": "decode0", "port": 8100, "gpus": [0]}]), None,
                         ["10.0.1.21:8100 is claimed by vllm_instances[prefill0].port on gpu-p1 and "
@@ -286,6 +286,12 @@ FAILING = {
                    ["entry_keys on entry-1 is empty", "group_vars/entry/main.yml"]),
     "entry_rate_limits": ("entry-1", entry_inv(entry_rate_limits={"bob": 5}), ENTRY_GROUPS,
                           ['entry_rate_limits names "bob" on entry-1', "alice, ci"]),
+    "kv_mode_store_tier_master": ("ctl-1", with_vars("gpu-p1", vllm_store_tier=True), {**GROUPS, "mooncake_master": []},
+                                  ["vllm_store_tier is true on gpu-p1 but the group mooncake_master is empty",
+                                   "Fix: add one host"]),
+    "store_keys": ("ctl-1", with_vars("gpu-p1", vllm_store_tier=True, vllm_env={"PYTHONHASHSEED": "1"},
+                                      vllm_extra_args=["--prefix-caching-hash-algo", "xxhash"]), None,
+                   ["vllm_model_revision is empty on gpu-p1", "Fix: set vllm_model_revision"]),
     "router_prefill_render": ("router-1", with_vars("gpu-p1", vllm_prefill_render=False), None,
                               ["vllm_prefill_render is false on gpu-p1 while the routers router-1 route prefill by cache_aware"]),
     "entry_prefix_balance": ("entry-1", entry_inv(entry_prefix_hash_bytes=8, entry_hash_balance_factor=50), ENTRY_GROUPS,
@@ -564,3 +570,46 @@ def test_packages_find_links_knows_hosts_outside_a_limit():
     assert msgs == []
     hv["gpu-p1"]["_preflight_cfg"]["common_pip_find_links"] = "http://10.9.9.9/w/"
     assert "on gpu-p1: a plain-http" in " ".join(c["fn"](hv, groups, SPECS, "gpu-p1"))
+
+
+def _tier_inv(**p1):
+    inv = copy.deepcopy(INVENTORY)
+    for h in ("gpu-p1", "gpu-d1"):
+        inv[h].update(vllm_store_tier=True, vllm_model_revision="r1")
+    inv["gpu-p1"].update(p1)
+    return inv
+
+
+def test_store_keys_pass_one_revision_and_refuse_what_breaks_reuse():
+    assert run("store_keys", _tier_inv()) == []
+    # decode is no store client in P2P mode: its revision does not matter
+    inv = _tier_inv()
+    inv["gpu-d1"]["vllm_model_revision"] = ""
+    assert run("store_keys", inv) == []
+    # store mode: every prefill and decode host shares the store
+    inv = _tier_inv(vllm_kv_connector="MooncakeStoreConnector")
+    inv["gpu-d1"].update(vllm_kv_connector="MooncakeStoreConnector", vllm_model_revision="r2")
+    out = " ".join(run("store_keys", inv))
+    assert 'vllm_model_revision differs among the hosts that share the store ("r1" on gpu-p1; "r2" on gpu-d1' in out
+    out = " ".join(run("store_keys", _tier_inv(vllm_model_revision="v1@x")))
+    assert 'vllm_model_revision="v1@x" on gpu-p1 holds "@"' in out
+    # a random per-process seed: no instance ever finds another's blocks
+    inv = _tier_inv(vllm_extra_args=["--prefix-caching-hash-algo", "xxhash"])
+    out = " ".join(run("store_keys", inv))
+    assert "--prefix-caching-hash-algo xxhash on gpu-p1/prefill0 without PYTHONHASHSEED" in out
+    assert "--prefix-caching-hash-algo differs" not in out
+    inv = _tier_inv()
+    inv["gpu-p1"]["vllm_instances"][1]["env"] = {"PYTHONHASHSEED": "7"}
+    out = " ".join(run("store_keys", inv))
+    assert "PYTHONHASHSEED differs among the store's instances (unset on gpu-p1/prefill0; \"7\" on gpu-p1/prefill1)" in out
+    inv = _tier_inv()
+    inv["gpu-p1"]["vllm_instances"][1]["extra_args"] = ["--prefix-caching-hash-algo", "sha256_cbor"]
+    out = " ".join(run("store_keys", inv))
+    assert "--prefix-caching-hash-algo differs among the store's instances (unset (sha256) on gpu-p1/prefill0; " \
+           "sha256_cbor on gpu-p1/prefill1)" in out
+
+
+def test_store_tier_off_or_store_mode_off_needs_no_revision():
+    assert run("store_keys") == []
+    inv = _tier_inv(vllm_store_tier=False, vllm_model_revision="")
+    assert run("store_keys", inv) == []

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The store as a reuse tier (issue 31): a prefix one prefill instance computed is loaded by another from the store.
+
+The proof, on the lab's two prefill instances (A and B, vllm_store_tier: MultiConnector with MooncakeConnector and
+MooncakeStoreConnector):
+  1. a prompt no instance has seen (a per-run nonce, --words long) goes to A (its API, with the routers' key):
+     A computes it and its store connector puts every whole block into the store;
+  2. once A's store puts for it are counted (vllm:mooncake_store_operation_keys_total on A rises by the prompt's
+     whole blocks, or --put-wait s pass), the same prompt goes to B;
+  3. B's vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} must rise by the prompt's whole blocks
+     (the tokens vLLM can load: at most the prompt's length minus one, in whole blocks), and B computes only the
+     tail. Missed: exit 1.
+Counts, not times: the goal is deterministic. Both requests go to the instances directly (not through a router:
+the routers' cache_aware would rightly send the second to A).
+
+    store_tier.py --scenario default --out lab-results/store-tier.json
+Lab-only: it reads each instance's /metrics and sends the requests with `docker exec` on the instance's host (the
+cluster ports are firewalled from the controller); the key is read there (drills.INSTANCE_KEY_FILE).
+"""
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from drills import DOCKER, INSTANCE_KEY_FILE  # noqa: E402
+from labinv import Lab  # noqa: E402
+from reuse import WORDS, block_size_of, metrics, parse_sources  # noqa: E402
+
+STORE_KEYS_RE = re.compile(r'^vllm:mooncake_store_operation_keys_total\{([^}]*)\}\s+(\S+)', re.M)
+
+
+def store_keys(text):
+    """{(operation, status): keys} summed over the instance's series."""
+    out = {}
+    for labels, value in STORE_KEYS_RE.findall(text):
+        op = re.search(r'operation="([^"]+)"', labels)
+        st = re.search(r'status="([^"]+)"', labels)
+        k = (op.group(1) if op else "", st.group(1) if st else "")
+        out[k] = out.get(k, 0.0) + float(value)
+    return out
+
+
+def put_keys(keys):
+    """Keys the instance put successfully (every operation whose name says put, status ok/success)."""
+    return sum(v for (op, st), v in keys.items() if "put" in op.lower() and st.lower() in ("ok", "success", "succeeded"))
+
+
+def loadable_tokens(n_tokens, block):
+    """Tokens vLLM can load for a prompt of n_tokens: whole blocks of at most n_tokens - 1 (it computes the last)."""
+    return ((n_tokens - 1) // block) * block if n_tokens > 0 and block > 0 else 0
+
+
+def tier_problems(r):
+    """What the proof missed: B must load every loadable block of the prompt from the store."""
+    out = []
+    if r["failed"]:
+        out.append(f"requests failed: {r['failed']}")
+    if r["loadable_tokens"] <= 0:
+        out.append(f"the prompt ({r['prompt_tokens']} tokens) holds no whole block of {r['block_size']}: nothing to prove")
+    elif r["b_external_tokens"] < r["loadable_tokens"]:
+        out.append(f"{r['b']} loaded {r['b_external_tokens']:.0f} tokens from the store, not the prompt's "
+                   f"{r['loadable_tokens']} loadable ones (computed {r['b_computed_tokens']:.0f}; "
+                   f"{r['a']} put {r['a_put_keys']:.0f} keys)")
+    return out
+
+
+def complete(host, ip, port, model, prompt, timeout=120):
+    """POST /v1/completions to an instance from its own host, with the key read there. Returns (ok, detail)."""
+    code = ("import json,os,sys,urllib.request\n"
+            f"f={INSTANCE_KEY_FILE!r}\n"
+            "h={'Content-Type':'application/json'}\n"
+            "if os.path.exists(f):\n"
+            "    k=[l.split('=',1)[1].strip() for l in open(f) if l.startswith('VLLM_API_KEY=')]\n"
+            "    h['Authorization']='Bearer '+k[0] if k and k[0] else ''\n"
+            f"r=urllib.request.Request('http://{ip}:{port}/v1/completions',data=sys.stdin.read().encode(),headers=h)\n"
+            f"sys.stdout.write(urllib.request.urlopen(r,timeout={timeout}).read().decode())")
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    res = subprocess.run([DOCKER, "exec", "-i", host, "python3", "-c", code], input=body, capture_output=True,
+                         text=True, timeout=timeout + 30)
+    if res.returncode != 0:
+        return False, res.stderr.strip()[-300:]
+    return True, json.loads(res.stdout).get("usage", {})
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="default")
+    ap.add_argument("--words", type=int, default=400, help="prompt length in words (about 3 tokens each)")
+    ap.add_argument("--put-wait", type=float, default=30.0, help="seconds to wait for A's store puts")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    lab = Lab(args.scenario)
+    model = lab.var("vllm_served_model_name")
+    prefills = lab.instances(("vllm_prefill",))
+    if len(prefills) < 2:
+        print("STORE TIER FAILED: the proof needs two prefill instances", file=sys.stderr)
+        return 1
+    (ha, na, pa), (hb, nb, pb) = prefills[0], prefills[1]
+    block = block_size_of(metrics(ha, pa, lab))
+    nonce = f"{int(time.time())}-{random.randrange(10 ** 6)}"
+    rnd = random.Random(nonce)
+    prompt = f"Store tier proof {nonce}. " + " ".join(rnd.choice(WORDS) for _ in range(args.words))
+
+    a0, b0 = metrics(ha, pa, lab), metrics(hb, pb, lab)
+    ok_a, usage_a = complete(ha, lab.ips[ha], pa, model, prompt)
+    n_tokens = int(usage_a.get("prompt_tokens", 0)) if ok_a else 0
+    want_keys = loadable_tokens(n_tokens, block) // block
+    t0, a_put = time.monotonic(), 0.0
+    while ok_a and time.monotonic() - t0 < args.put_wait:
+        a_put = put_keys(store_keys(metrics(ha, pa, lab))) - put_keys(store_keys(a0))
+        if a_put >= want_keys:
+            break
+        time.sleep(0.5)
+    put_s = round(time.monotonic() - t0, 1)
+    ok_b, usage_b = complete(hb, lab.ips[hb], pb, model, prompt)
+    time.sleep(1)  # the counters move when the request finishes
+    b1 = metrics(hb, pb, lab)
+    sb0, sb1 = parse_sources(b0), parse_sources(b1)
+    r = {"a": f"{ha}/{na}", "b": f"{hb}/{nb}", "block_size": block, "prompt_tokens": n_tokens,
+         "loadable_tokens": loadable_tokens(n_tokens, block), "a_put_keys": a_put, "a_put_wait_s": put_s,
+         "b_external_tokens": sb1.get("external_kv_transfer", 0.0) - sb0.get("external_kv_transfer", 0.0),
+         "b_computed_tokens": sb1.get("local_compute", 0.0) - sb0.get("local_compute", 0.0),
+         "b_local_hit_tokens": sb1.get("local_cache_hit", 0.0) - sb0.get("local_cache_hit", 0.0),
+         "failed": [d for ok, d in ((ok_a, usage_a), (ok_b, usage_b)) if not ok],
+         "a_store_ops": {f"{k[0]}/{k[1]}": v for k, v in store_keys(metrics(ha, pa, lab)).items()}}
+    problems = tier_problems(r)
+    r["problems"] = problems
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(r, indent=2) + "\n")
+    print(f"store tier: {r['a']} computed a {n_tokens}-token prompt and put {a_put:.0f} keys in {put_s} s; "
+          f"{r['b']} loaded {r['b_external_tokens']:.0f} of its {r['loadable_tokens']} loadable tokens from the store "
+          f"and computed {r['b_computed_tokens']:.0f} (block {block})")
+    for p in problems:
+        print("STORE TIER FAILED: " + p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""scripts/lab/store_tier.py: the counts that fail the store-tier lab step (issue 31)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[2] / "scripts" / "lab"
+sys.path.insert(0, str(HERE))
+_spec = importlib.util.spec_from_file_location("store_tier", HERE / "store_tier.py")
+st = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(st)
+
+
+def test_loadable_tokens_are_whole_blocks_short_of_the_last_token():
+    assert st.loadable_tokens(1280, 128) == 1152   # 10 blocks exactly: vLLM computes the last token's block
+    assert st.loadable_tokens(1281, 128) == 1280
+    assert st.loadable_tokens(100, 128) == 0
+    assert st.loadable_tokens(0, 128) == 0
+
+
+def _r(**kw):
+    r = {"a": "p/prefill0", "b": "p/prefill1", "block_size": 32, "prompt_tokens": 1000, "loadable_tokens": 992,
+         "a_put_keys": 31, "b_external_tokens": 992.0, "b_computed_tokens": 8.0, "failed": []}
+    r.update(kw)
+    return r
+
+
+def test_the_proof_passes_only_when_every_loadable_block_came_from_the_store():
+    assert st.tier_problems(_r()) == []
+    out = st.tier_problems(_r(b_external_tokens=960.0, b_computed_tokens=40.0))
+    assert out and "loaded 960 tokens from the store, not the prompt's 992 loadable ones" in out[0]
+    assert st.tier_problems(_r(b_external_tokens=0.0))
+    assert st.tier_problems(_r(failed=["HTTP 500"]))
+    assert "nothing to prove" in st.tier_problems(_r(prompt_tokens=20, loadable_tokens=0, b_external_tokens=0.0))[0]
+
+
+def test_store_keys_parse_and_count_successful_puts():
+    text = ('vllm:mooncake_store_operation_keys_total{engine="0",model_name="m",operation="put",status="success"} 31.0\n'
+            'vllm:mooncake_store_operation_keys_total{engine="0",model_name="m",operation="put",status="failed"} 2.0\n'
+            'vllm:mooncake_store_operation_keys_total{engine="0",model_name="m",operation="get",status="success"} 5.0\n')
+    keys = st.store_keys(text)
+    assert keys[("put", "success")] == 31.0
+    assert st.put_keys(keys) == 31.0
