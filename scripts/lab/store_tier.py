@@ -10,6 +10,8 @@ MooncakeStoreConnector):
   3. B's vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} must rise by the prompt's whole blocks
      (the tokens vLLM can load: at most the prompt's length minus one, in whole blocks), and B computes only the
      tail. Missed: exit 1.
+With --master-kill, the master leader is killed (SIGKILL) between 1-2 and 3, and B asks once another master leads:
+the index must have survived the failover (mooncake_master_oplog) for B to find A's blocks.
 Counts, not times: the goal is deterministic. Both requests go to the instances directly (not through a router:
 the routers' cache_aware would rightly send the second to A).
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from drills import DOCKER, INSTANCE_KEY_FILE  # noqa: E402
+from drills import DOCKER, INSTANCE_KEY_FILE, http_get  # noqa: E402
 from labinv import Lab  # noqa: E402
 from reuse import WORDS, block_size_of, metrics, parse_sources  # noqa: E402
 
@@ -88,11 +90,41 @@ def complete(host, ip, port, model, prompt, timeout=120):
     return True, json.loads(res.stdout).get("usage", {})
 
 
+def master_roles(lab, masters, port):
+    """{host: role} from each master's /health (asked on its host), 'down' when it does not answer."""
+    out = {}
+    for h in masters:
+        text = http_get(h, f"http://{lab.ips[h]}:{port}/health")
+        out[h] = json.loads(text).get("role", "?") if text else "down"
+    return out
+
+
+def master_failover(lab, limit):
+    """Kill -9 the master leader; wait until another master leads. Returns what happened (raises if none leads)."""
+    masters, port = lab.hosts("mooncake_master"), lab.var("mooncake_master_metrics_port")
+    leader = next((h for h, r in master_roles(lab, masters, port).items() if r == "leader"), None)
+    if leader is None:
+        raise RuntimeError(f"no master leads before the kill: {master_roles(lab, masters, port)}")
+    subprocess.run([DOCKER, "exec", leader, "systemctl", "kill", "--signal=SIGKILL", "mooncake-master"],
+                   check=True, capture_output=True, timeout=60)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        roles = master_roles(lab, masters, port)
+        new = next((h for h, r in roles.items() if r == "leader" and h != leader), None)
+        if new:
+            return {"killed": leader, "new_leader": new, "led_s": round(time.monotonic() - t0, 1)}
+        time.sleep(0.5)
+    raise RuntimeError(f"no other master leads {limit} s after {leader} was killed: {master_roles(lab, masters, port)}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="default")
     ap.add_argument("--words", type=int, default=400, help="prompt length in words (about 3 tokens each)")
     ap.add_argument("--put-wait", type=float, default=30.0, help="seconds to wait for A's store puts")
+    ap.add_argument("--master-kill", action="store_true",
+                    help="kill -9 the master leader between the two requests: the index must survive the failover")
+    ap.add_argument("--failover-wait", type=float, default=60.0, help="seconds for another master to lead")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     lab = Lab(args.scenario)
@@ -118,6 +150,7 @@ def main(argv=None):
             break
         time.sleep(0.5)
     put_s = round(time.monotonic() - t0, 1)
+    failover = master_failover(lab, args.failover_wait) if args.master_kill and ok_a else None
     ok_b, usage_b = complete(hb, lab.ips[hb], pb, model, prompt)
     time.sleep(1)  # the counters move when the request finishes
     b1 = metrics(hb, pb, lab)
@@ -128,7 +161,8 @@ def main(argv=None):
          "b_computed_tokens": sb1.get("local_compute", 0.0) - sb0.get("local_compute", 0.0),
          "b_local_hit_tokens": sb1.get("local_cache_hit", 0.0) - sb0.get("local_cache_hit", 0.0),
          "failed": [d for ok, d in ((ok_a, usage_a), (ok_b, usage_b)) if not ok],
-         "a_store_ops": {f"{k[0]}/{k[1]}": v for k, v in store_keys(metrics(ha, pa, lab)).items()}}
+         "a_store_ops": {f"{k[0]}/{k[1]}": v for k, v in store_keys(metrics(ha, pa, lab)).items()},
+         "master_failover": failover}
     problems = tier_problems(r)
     r["problems"] = problems
     if args.out:
@@ -137,6 +171,9 @@ def main(argv=None):
     print(f"store tier: {r['a']} computed a {n_tokens}-token prompt and put {a_put:.0f} keys in {put_s} s; "
           f"{r['b']} loaded {r['b_external_tokens']:.0f} of its {r['loadable_tokens']} loadable tokens from the store "
           f"and computed {r['b_computed_tokens']:.0f} (block {block})")
+    if failover:
+        print(f"  between the two: the master leader {failover['killed']} killed (SIGKILL); {failover['new_leader']} "
+              f"led {failover['led_s']} s later")
     for p in problems:
         print("STORE TIER FAILED: " + p, file=sys.stderr)
     return 1 if problems else 0

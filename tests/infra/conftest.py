@@ -219,6 +219,14 @@ def deployed_kv_config(h, inst_name):
     raise AssertionError('no SERVE_KV_TRANSFER_CONFIG in /etc/vllm/%s.env' % inst_name)
 
 
+def kv_connectors(kv):
+    """The connectors an instance runs (a deployed kv-transfer-config): its one connector, or each child of a
+    MultiConnector (the store tier: MooncakeConnector and MooncakeStoreConnector)."""
+    if kv.get('kv_connector') == 'MultiConnector':
+        return [c.get('kv_connector') for c in (kv.get('kv_connector_extra_config') or {}).get('connectors') or []]
+    return [kv.get('kv_connector')]
+
+
 def other_host(request, name):
     """A testinfra host for another inventory host, with the same inventory and connection."""
     import testinfra

@@ -13,7 +13,7 @@ import runpy
 import etcd_gateway  # etcd3gw, pinned in requirements.txt: missing, this module fails to load (not a skip)
 import pytest
 
-from conftest import (REPO, curl_json, deployed_kv_config, deployed_master_args, etcd_client, groups, hvars,
+from conftest import (REPO, curl_json, deployed_kv_config, deployed_master_args, etcd_client, groups, hvars, kv_connectors,
                       other_host, read_root_file, run_as_root, wait_until)
 
 mooncake_etcd = runpy.run_path(str(REPO / 'plugins' / 'filter' / 'siblings.py'))['load']('mooncake_etcd')
@@ -104,13 +104,13 @@ def test_masters_plain_listener_serves_the_same_view(host, request):
 
 
 def store_instances(request, host):
-    """[(vllm host name, testinfra host, instance, its deployed mooncake.json)] of every store-mode instance
-    (its deployed kv-transfer-config, not the inventory's)."""
+    """[(vllm host name, testinfra host, instance, its deployed mooncake.json)] of every instance that runs a store
+    client: store mode, or the store tier's prefill instances (its deployed kv-transfer-config, not the inventory's)."""
     out = []
     for name in groups(host).get('vllm_prefill', []) + groups(host).get('vllm_decode', []):
         h = other_host(request, name)
         for inst in hvars(h).get('vllm_instances') or []:
-            if deployed_kv_config(h, inst['name']).get('kv_connector') == STORE_CONNECTOR:
+            if STORE_CONNECTOR in kv_connectors(deployed_kv_config(h, inst['name'])):
                 cfg = json.loads(read_root_file(h, '/etc/vllm/%s.mooncake.json' % inst['name']))
                 out.append((name, h, inst, cfg))
     return out

@@ -3,7 +3,7 @@ import shlex
 
 import pytest
 
-from conftest import (BUNDLE, INSTANCE_KEY_FILE, ROUTER_KEY_FILE, bearer_secrets, check_output_masked, deployed_kv_config, groups, hvars, in_group,
+from conftest import (BUNDLE, INSTANCE_KEY_FILE, ROUTER_KEY_FILE, bearer_secrets, check_output_masked, deployed_kv_config, groups, hvars, in_group, kv_connectors,
                       instance_auth_headers, instance_key_configured, listens_as_configured, parse_ss_rows,
                       router_key_configured, run_as_root, tcp_listeners)
 
@@ -22,7 +22,7 @@ def expected_units(host):
             ip = str(inst.get('host_ip') or v['common_host_ip'])
             socks = [(str(v.get('vllm_bind_host') or ip), inst['port'])]
             if in_group(host, 'vllm_prefill') and \
-                    deployed_kv_config(host, inst['name'])['kv_connector'] == 'MooncakeConnector':
+                    'MooncakeConnector' in kv_connectors(deployed_kv_config(host, inst['name'])):
                 # vLLM writes 0.0.0.0 for the bootstrap server; the bundle's sitecustomize binds it to the address.
                 socks.append((ip, inst.get('bootstrap_port', v['vllm_default_bootstrap_port'])))
             units.append(('vllm@%s' % inst['name'], socks))
@@ -132,7 +132,7 @@ def pinned_side_channels(host):
     instances = cfg.get('vllm_instances') or []
     return {i['name']: (str(i.get('host_ip') or v['common_host_ip']),
                         BUNDLE.vllm_side_channel_ports(i, instances, cfg.get('vllm_side_channel_port_base')))
-            for i in instances if deployed_kv_config(host, i['name'])['kv_connector'] == 'MooncakeConnector'}
+            for i in instances if 'MooncakeConnector' in kv_connectors(deployed_kv_config(host, i['name']))}
 
 
 def test_side_channels_listen_on_their_pinned_ports(host):
