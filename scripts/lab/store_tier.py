@@ -10,8 +10,9 @@ MooncakeStoreConnector):
   3. B's vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} must rise by the prompt's whole blocks
      (the tokens vLLM can load: at most the prompt's length minus one, in whole blocks), and B computes only the
      tail. Missed: exit 1.
-With --master-kill, the master leader is killed (SIGKILL) between 1-2 and 3, and B asks once another master leads:
-the index must have survived the failover (mooncake_master_oplog) for B to find A's blocks.
+With --master-kill, the master leader is killed (SIGKILL) between 2 and 3, and B asks once another master leads and
+every store client's segment is back on it (its /metrics: active clients, segments mounted or remounted): the index
+must have survived the failover (mooncake_master_oplog) for B to find A's blocks.
 Counts, not times: the goal is deterministic. Both requests go to the instances directly (not through a router:
 the routers' cache_aware would rightly send the second to A).
 
@@ -99,8 +100,22 @@ def master_roles(lab, masters, port):
     return out
 
 
-def master_failover(lab, limit):
-    """Kill -9 the master leader; wait until another master leads. Returns what happened (raises if none leads)."""
+MASTER_COUNTER_RE = re.compile(r'^(master_active_clients|master_(?:re)?mount_segment_requests_total)\s+(\S+)', re.M)
+
+
+def segments_back(text, clients):
+    """Whether a master's /metrics says every store client is back: `clients` active clients, each of whose segment
+    it mounted or remounted (a new leader knows the index from the OpLog, the segments from the clients)."""
+    vals = {}
+    for name, value in MASTER_COUNTER_RE.findall(text or ""):
+        vals[name] = float(value)
+    mounted = vals.get("master_mount_segment_requests_total", 0) + vals.get("master_remount_segment_requests_total", 0)
+    return vals.get("master_active_clients", 0) >= clients and mounted >= clients
+
+
+def master_failover(lab, limit, clients):
+    """Kill -9 the master leader; wait until another master leads and every store client's segment is back on it.
+    Returns what happened (raises if no master leads, or the segments do not come back, within limit s)."""
     masters, port = lab.hosts("mooncake_master"), lab.var("mooncake_master_metrics_port")
     leader = next((h for h, r in master_roles(lab, masters, port).items() if r == "leader"), None)
     if leader is None:
@@ -112,9 +127,25 @@ def master_failover(lab, limit):
         roles = master_roles(lab, masters, port)
         new = next((h for h, r in roles.items() if r == "leader" and h != leader), None)
         if new:
-            return {"killed": leader, "new_leader": new, "led_s": round(time.monotonic() - t0, 1)}
+            break
         time.sleep(0.5)
-    raise RuntimeError(f"no other master leads {limit} s after {leader} was killed: {master_roles(lab, masters, port)}")
+    else:
+        raise RuntimeError(f"no other master leads {limit} s after {leader} was killed: {master_roles(lab, masters, port)}")
+    led = round(time.monotonic() - t0, 1)
+    while time.monotonic() - t0 < limit:
+        if segments_back(http_get(new, f"http://{lab.ips[new]}:{port}/metrics"), clients):
+            break
+        time.sleep(0.5)
+    else:
+        raise RuntimeError(f"the store clients' segments are not back on {new} {limit} s after {leader} was killed")
+    back = round(time.monotonic() - t0, 1)
+    # the lab as it was for the steps after this one: systemd restarts the killed master, which comes back standby
+    while time.monotonic() - t0 < limit + 60:
+        if master_roles(lab, [leader], port).get(leader) == "standby":
+            return {"killed": leader, "new_leader": new, "led_s": led, "segments_back_s": back,
+                    "old_leader_standby_s": round(time.monotonic() - t0, 1)}
+        time.sleep(1)
+    raise RuntimeError(f"{leader} is not back as standby {limit + 60} s after its kill")
 
 
 def main(argv=None):
@@ -150,7 +181,7 @@ def main(argv=None):
             break
         time.sleep(0.5)
     put_s = round(time.monotonic() - t0, 1)
-    failover = master_failover(lab, args.failover_wait) if args.master_kill and ok_a else None
+    failover = master_failover(lab, args.failover_wait, len(prefills)) if args.master_kill and ok_a else None
     ok_b, usage_b = complete(hb, lab.ips[hb], pb, model, prompt)
     time.sleep(1)  # the counters move when the request finishes
     b1 = metrics(hb, pb, lab)
@@ -173,7 +204,7 @@ def main(argv=None):
           f"and computed {r['b_computed_tokens']:.0f} (block {block})")
     if failover:
         print(f"  between the two: the master leader {failover['killed']} killed (SIGKILL); {failover['new_leader']} "
-              f"led {failover['led_s']} s later")
+              f"led {failover['led_s']} s later, every store client's segment back on it at {failover['segments_back_s']} s")
     for p in problems:
         print("STORE TIER FAILED: " + p, file=sys.stderr)
     return 1 if problems else 0

@@ -40,3 +40,11 @@ def test_store_keys_parse_and_count_successful_puts():
     keys = st.store_keys(text)
     assert keys[("put", "success")] == 31.0
     assert st.put_keys(keys) == 31.0
+
+
+def test_segments_back_needs_every_client_active_and_mounted():
+    text = "master_active_clients 2\nmaster_mount_segment_requests_total 0\nmaster_remount_segment_requests_total 2\n"
+    assert st.segments_back(text, 2)
+    assert not st.segments_back(text.replace("remount_segment_requests_total 2", "remount_segment_requests_total 1"), 2)
+    assert not st.segments_back(text.replace("active_clients 2", "active_clients 1"), 2)
+    assert not st.segments_back(None, 2)
