@@ -172,6 +172,7 @@ def main(argv=None):
     ap.add_argument("--goal", type=float, default=1.15)
     ap.add_argument("--no-goal", action="store_true", help="report only (the benchmark's other policies)")
     ap.add_argument("--label", default="")
+    ap.add_argument("--policy", default="", help="the routers' prefill policy when a converge set it with -e (else the inventory's)")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     lab = Lab(args.scenario)
@@ -203,12 +204,15 @@ def main(argv=None):
         return sum(after[k].get(source, 0.0) - before[k].get(source, 0.0) for k in after)
     ids = tokenize(prefills[0][0], prefills[0][2], lab, prompts)
     failed = [x for x in records if not x["ok"]]
-    r = {"label": args.label, "concurrency": args.concurrency, "policy": lab.var("vllm_router_prefill_policy"), "block_size": block,
+    r = {"label": args.label, "concurrency": args.concurrency, "policy": args.policy or lab.var("vllm_router_prefill_policy"),
+         "block_size": block,
          "conversations": args.conversations, "turns": args.turns, "requests": len(records),
          "failed": len(failed), "failures": failed[:10],
          "prompt_tokens": sum(len(x) for x in ids), "perfect_tokens": perfect_cache_tokens(ids, block),
          "computed_tokens": delta(after_p, before_p, "local_compute"),
          "prefill_cache_hit_tokens": delta(after_p, before_p, "local_cache_hit"),
+         # a prefill's external source is the store tier (vllm_store_tier): blocks another prefill computed
+         "prefill_store_tokens": delta(after_p, before_p, "external_kv_transfer"),
          "prefill_computed_by_instance": {k: after_p[k].get("local_compute", 0) - before_p[k].get("local_compute", 0)
                                           for k in after_p},
          "decode_by_transfer": delta(after_d, before_d, "external_kv_transfer"),
@@ -227,7 +231,8 @@ def main(argv=None):
         Path(args.out).write_text(json.dumps(r, indent=2) + "\n")
     print(f"reuse ({r['policy']}{', ' + args.label if args.label else ''}): {r['requests']} requests, "
           f"prompt {r['prompt_tokens']} tokens, perfect cache {r['perfect_tokens']}, prefill computed "
-          f"{r['computed_tokens']:.0f} = {r['computed_over_perfect']}x perfect; per instance "
+          f"{r['computed_tokens']:.0f} = {r['computed_over_perfect']}x perfect (own cache {r['prefill_cache_hit_tokens']:.0f}, "
+          f"store {r['prefill_store_tokens']:.0f}); per instance "
           f"{r['prefill_computed_by_instance']}; decode by transfer {r['decode_by_transfer']:.0f}, "
           f"own hits {r['decode_local_hit']:.0f}; router decisions {r['router_decisions']}; {r['seconds']} s")
     for p in problems:
