@@ -706,7 +706,7 @@ def master_http_metadata(host, groups, hostvars):
     setting = host_cfg(host, hostvars).get('mooncake_master_http_metadata_server', 'auto')
     if str(setting).strip().lower() != 'auto':
         return _boollike(setting)
-    if not store_mode(groups, hostvars) and not store_tier_hosts(groups, hostvars):
+    if not store_mode(groups, hostvars):  # the store tier's clients handshake directly (P2PHANDSHAKE)
         return False
     masters = groups.get('mooncake_master') or []
     vllm = list(groups.get('vllm_prefill') or []) + list(groups.get('vllm_decode') or [])

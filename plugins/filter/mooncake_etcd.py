@@ -6,14 +6,16 @@ leader with ONE key, mooncake-store/ID/master_view. Its value is the leader's RP
 name it (--rpc_address:--rpc_port, e.g. "172.30.0.11:50051"), and it is attached to a lease granted with a
 TTL of 5 s that the leader keeps alive; when the leader dies, the lease expires and a standby puts its own
 address. The masters' /health reports the same address (leader_address) and the key's revision (view_version).
-The masters write nothing else (OpLog replication, --enable_oplog, is off).
+With OpLog replication on (mooncake_master_oplog, --enable_oplog) the masters also write under /oplog/ID/, outside
+the prefixes below (the standby replays the leader's metadata from there).
 
 Store mode with the etcd metadata backend (mooncake_metadata_backend auto with HA masters): every transfer
 engine, one per vLLM worker of a store-mode instance, puts its segment description under
 mooncake/ram/SEGMENT and its RPC endpoint under mooncake/rpc_meta/SEGMENT (SEGMENT = "local_hostname:rpc
 port"; the bundle sets no MC_METADATA_CLUSTER_ID, which would insert a level). These keys have NO lease
 (the engine's etcd plugin puts them plainly): an engine that exits cleanly deletes them, one that is killed
-leaves them behind. P2P mode (MooncakeConnector) keeps nothing in etcd.
+leaves them behind. P2P mode (MooncakeConnector) keeps nothing in etcd, and neither does the store tier
+(vllm_store_tier): its store clients handshake directly (metadata_server P2PHANDSHAKE).
 """
 
 # The masters' HA keys: mooncake-store/<cluster id>/master_view.

@@ -190,10 +190,6 @@ def _store_users(hostvars, groups):
     return _cfgs(hostvars, _tier_hosts(hostvars, groups))
 
 
-def _store_used(hostvars, groups):
-    return bool(_store_mode(hostvars, groups) or _tier_hosts(hostvars, groups))
-
-
 def _metadata_backend_set(hostvars, groups):
     cfgs = _cfgs(hostvars, _vllm_hosts(groups)[:1])
     return str(cfgs[0][1].get('mooncake_metadata_backend', 'auto')).strip() if cfgs else 'auto'
@@ -790,7 +786,7 @@ def kv_mode_store_tier_master(hostvars, groups, specs, host):
 
 @check('kv_mode', scope='fleet')
 def kv_mode_store_metadata(hostvars, groups, specs, host):
-    if not _store_used(hostvars, groups):
+    if not _store_mode(hostvars, groups):  # the store tier's clients handshake directly (P2PHANDSHAKE)
         return []
     backend = _bundle.metadata_backend(_metadata_backend_set(hostvars, groups), _master_ha(hostvars, groups)[1])
     masters = list(groups.get('mooncake_master') or [])
@@ -803,16 +799,15 @@ def kv_mode_store_metadata(hostvars, groups, specs, host):
         fix = 'set mooncake_master_http_metadata_server: auto (or true), or mooncake_metadata_backend: etcd with an etcd group'
     else:
         return []  # no master at all: kv_mode_store_master
-    return ['mooncake_metadata_backend=%s with a store client (store mode or vllm_store_tier; checked on %s), but %s. '
-            'Fix: %s.' % (backend, host, missing, fix)]
+    return ['mooncake_metadata_backend=%s in store mode (checked on %s), but %s. Fix: %s.' % (backend, host, missing, fix)]
 
 
 @check('kv_mode', scope='fleet')
 def kv_mode_ha_metadata(hostvars, groups, specs, host):
-    if not _store_used(hostvars, groups) or not _master_ha(hostvars, groups)[1] \
+    if not _store_mode(hostvars, groups) or not _master_ha(hostvars, groups)[1] \
             or _metadata_backend_set(hostvars, groups) != 'http':
         return []
-    return ['mooncake_metadata_backend=http with %d HA masters and a store client (checked on %s): the metadata would live in '
+    return ['mooncake_metadata_backend=http with %d HA masters in store mode (checked on %s): the metadata would live in '
             'the first master\'s memory, and restarting that master, leader or standby, loses every engine\'s segment '
             'metadata (store transfers fail until vLLM restarts). Fix: set mooncake_metadata_backend: auto (or etcd), or '
             'run one master (mooncake_master_ha: false).' % (len(groups.get('mooncake_master') or []), host)]

@@ -67,7 +67,10 @@ def test_kv_transfer_config(prod_render, inventory, group, role):
             assert store['kv_connector_extra_config'] == {
                 'cache_prefix': '%s:%s' % (hv['vllm_served_model_name'], hv['vllm_model_revision'])}
             assert env['MOONCAKE_CONFIG_PATH'] == '/etc/vllm/%s.mooncake.json' % inst['name']
-            assert (prod_render / host / 'etc/vllm' / ('%s.mooncake.json' % inst['name'])).is_file()
+            store_cfg = json.loads((prod_render / host / 'etc/vllm' / ('%s.mooncake.json' % inst['name'])).read_text())
+            # the tier's clients handshake directly: no engine keys in etcd for a killed instance to leave behind
+            assert store_cfg['metadata_server'] == 'P2PHANDSHAKE'
+            assert store_cfg['master_server_address'].startswith('etcd://')  # HA: the leader found through etcd
             assert p2p['kv_role'] == role and 'engine_id' not in p2p  # the children take MultiConnector's
             cfg = dict(p2p, engine_id=cfg['engine_id'])
         else:

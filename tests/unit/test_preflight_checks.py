@@ -223,10 +223,10 @@ FAILING = {
     "kv_mode_store_master": ("ctl-1", store_inv(), groups_with(mooncake_master=None),
                              ["vllm_kv_connector=MooncakeStoreConnector (store mode)", "group mooncake_master is empty"]),
     "kv_mode_store_metadata": ("ctl-1", store_inv(mooncake_metadata_backend="etcd"), groups_with(etcd=None),
-                               ["mooncake_metadata_backend=etcd with a store client", "the etcd group is empty"]),
+                               ["mooncake_metadata_backend=etcd in store mode", "the etcd group is empty"]),
     "kv_mode_ha_metadata": ("ctl-1", store_inv(mooncake_metadata_backend="http"),
                             groups_with(mooncake_master=["ctl-1", "ctl-2"]),
-                            ["mooncake_metadata_backend=http with 2 HA masters and a store client", "mooncake_metadata_backend: auto"]),
+                            ["mooncake_metadata_backend=http with 2 HA masters in store mode", "mooncake_metadata_backend: auto"]),
     "fleet_addresses": ("gpu-p1", with_vars("gpu-d1", common_host_ip="10.0.1.21",
                                             vllm_instances=[{"name": "decode0", "port": 8100, "gpus": [0]}]), None,
                         ["10.0.1.21:8100 is claimed by vllm_instances[prefill0].port on gpu-p1 and "
