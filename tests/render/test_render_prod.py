@@ -365,9 +365,12 @@ def _check_rulesets(render, inventory, store):
 
 
 def _p2p_store_clients(inventory):
-    """P2P (inventory/prod): the store clients are verify.yml's store round trip, the first prefill and decode host."""
-    groups, _ = inventory
-    return {groups['vllm_prefill'][0], groups['vllm_decode'][0]}
+    """P2P (inventory/prod): the store clients are the store tier's prefill hosts (vllm_store_tier, on for every prefill
+    in inventory/prod) and verify.yml's store round trip (the first prefill and decode host)."""
+    groups, hv = inventory
+    tier = {h for h in groups['vllm_prefill'] if hv[h].get('vllm_store_tier')}
+    assert tier == set(groups['vllm_prefill']), 'inventory/prod runs the store tier on every prefill host'
+    return tier | {groups['vllm_prefill'][0], groups['vllm_decode'][0]}
 
 
 def test_firewall_rulesets_load_and_protect(prod_render, inventory):
