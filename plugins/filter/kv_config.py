@@ -47,7 +47,7 @@ def vllm_kv_transfer_config(p2p, store_tier=False, store_mode=False, cache_prefi
              'kv_connector_extra_config': {'cache_prefix': cache_prefix}}
     child = {k: v for k, v in kv.items() if k != 'engine_id'}
     return {'kv_connector': 'MultiConnector', 'kv_role': kv.get('kv_role'), 'engine_id': kv.get('engine_id'),
-            'kv_load_failure_policy': kv.get('kv_load_failure_policy', 'fail'),
+            'kv_load_failure_policy': kv['kv_load_failure_policy'],  # the scheduler reads MultiConnector's
             'kv_connector_extra_config': {'connectors': [child, store]}}
 
 

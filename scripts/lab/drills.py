@@ -98,9 +98,10 @@ RESUME_WATCH_S = 15
 DOCKER = os.environ.get("DOCKER", "docker")
 
 
-def sh(host, *cmd, check=True, timeout=180):
-    """Run a command in a lab container."""
-    res = subprocess.run([DOCKER, "exec", host, *cmd], capture_output=True, text=True, timeout=timeout)
+def sh(host, *cmd, check=True, timeout=180, input=None):  # noqa: A002 - subprocess.run's name
+    """Run a command in a lab container (input: text for its stdin)."""
+    res = subprocess.run([DOCKER, "exec", *(["-i"] if input is not None else []), host, *cmd], capture_output=True,
+                         text=True, timeout=timeout, input=input)
     if check and res.returncode != 0:
         raise RuntimeError(f"{host}: {' '.join(cmd)} -> rc {res.returncode}: {res.stderr.strip()[:300]}")
     return res
@@ -110,19 +111,34 @@ def sh(host, *cmd, check=True, timeout=180):
 INSTANCE_KEY_FILE = role_var("vllm", "_vllm_api_key_file")
 
 
-def http_get(host, url, timeout=3, key_file=None):
-    """GET a URL from inside a container (cluster ports are firewalled from this controller). With key_file,
-    the VLLM_API_KEY that file holds on that host goes as the Bearer token; no key file there, no header.
-    The key is read in the container: it is on no command line."""
+def http_get(host, url, timeout=3, key_file=None, body=None):
+    """GET a URL from inside a container (cluster ports are firewalled from this controller); with body (a dict),
+    POST it as JSON instead, passed on stdin. With key_file, the VLLM_API_KEY that file holds on that host goes
+    as the Bearer token; no key file there, no header. The key is read in the container: it is on no command
+    line. Returns the answer's text, None when the request failed."""
     code = ("import os,sys,urllib.request\n"
             f"f,h={key_file!r},{{}}\n"
             "if f and os.path.exists(f):\n"
             "    k=[l.split('=',1)[1].strip() for l in open(f) if l.startswith('VLLM_API_KEY=')]\n"
             "    h={'Authorization':'Bearer '+k[0]} if k and k[0] else {}\n"
-            f"r=urllib.request.urlopen(urllib.request.Request({url!r},headers=h),timeout={timeout})\n"
+            f"d=sys.stdin.read().encode() if {body is not None!r} else None\n"
+            "if d:\n"
+            "    h['Content-Type']='application/json'\n"
+            f"r=urllib.request.urlopen(urllib.request.Request({url!r},data=d,headers=h),timeout={timeout})\n"
             "sys.stdout.write(r.read().decode())")
-    res = sh(host, "python3", "-c", code, check=False, timeout=timeout + 10)
+    extra = {} if body is None else {"input": json.dumps(body)}
+    res = sh(host, "python3", "-c", code, check=False, timeout=timeout + 10, **extra)
     return res.stdout if res.returncode == 0 else None
+
+
+def master_roles(masters, port, ip=None):
+    """{host: role} from each master's /health (leader, standby; asked on its host), 'down' when it does not
+    answer. ip: the host's lab address (default: docker's view, ip_of)."""
+    roles = {}
+    for host in masters:
+        out = http_get(host, f"http://{(ip or ip_of)(host)}:{port}/health")
+        roles[host] = json.loads(out).get("role", "?") if out else "down"
+    return roles
 
 
 def ip_of(host):
@@ -243,11 +259,7 @@ class Lab:
         return out is not None and self.model in out
 
     def master_roles(self):
-        roles = {}
-        for host in self.args.masters:
-            out = http_get(host, f"http://{ip_of(host)}:{self.args.master_metrics_port}/health")
-            roles[host] = json.loads(out).get("role", "?") if out else "down"
-        return roles
+        return master_roles(self.args.masters, self.args.master_metrics_port)
 
     def etcd_master_view(self):
         """The masters' HA key as etcd holds it ('ip:port' of the leader's RPC address; '' when absent), read

@@ -21,6 +21,7 @@ Lab-only: it reads each instance's /metrics and sends the requests with `docker 
 cluster ports are firewalled from the controller); the key is read there (drills.INSTANCE_KEY_FILE).
 """
 import argparse
+import functools
 import json
 import random
 import re
@@ -31,7 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from drills import DOCKER, INSTANCE_KEY_FILE, http_get  # noqa: E402
+from drills import DOCKER, INSTANCE_KEY_FILE, http_get, master_roles  # noqa: E402
 from labinv import Lab  # noqa: E402
 from reuse import WORDS, block_size_of, metrics, parse_sources  # noqa: E402
 
@@ -75,29 +76,11 @@ def tier_problems(r):
 
 def complete(host, ip, port, model, prompt, timeout=120):
     """POST /v1/completions to an instance from its own host, with the key read there. Returns (ok, detail)."""
-    code = ("import json,os,sys,urllib.request\n"
-            f"f={INSTANCE_KEY_FILE!r}\n"
-            "h={'Content-Type':'application/json'}\n"
-            "if os.path.exists(f):\n"
-            "    k=[l.split('=',1)[1].strip() for l in open(f) if l.startswith('VLLM_API_KEY=')]\n"
-            "    h['Authorization']='Bearer '+k[0] if k and k[0] else ''\n"
-            f"r=urllib.request.Request('http://{ip}:{port}/v1/completions',data=sys.stdin.read().encode(),headers=h)\n"
-            f"sys.stdout.write(urllib.request.urlopen(r,timeout={timeout}).read().decode())")
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
-    res = subprocess.run([DOCKER, "exec", "-i", host, "python3", "-c", code], input=body, capture_output=True,
-                         text=True, timeout=timeout + 30)
-    if res.returncode != 0:
-        return False, res.stderr.strip()[-300:]
-    return True, json.loads(res.stdout).get("usage", {})
-
-
-def master_roles(lab, masters, port):
-    """{host: role} from each master's /health (asked on its host), 'down' when it does not answer."""
-    out = {}
-    for h in masters:
-        text = http_get(h, f"http://{lab.ips[h]}:{port}/health")
-        out[h] = json.loads(text).get("role", "?") if text else "down"
-    return out
+    out = http_get(host, f"http://{ip}:{port}/v1/completions", timeout=timeout, key_file=INSTANCE_KEY_FILE,
+                   body={"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    if out is None:
+        return False, f"{host}: POST /v1/completions on :{port} failed"
+    return True, json.loads(out).get("usage", {})
 
 
 MASTER_COUNTER_RE = re.compile(r'^(master_active_clients|master_(?:re)?mount_segment_requests_total)\s+(\S+)', re.M)
@@ -117,20 +100,20 @@ def master_failover(lab, limit, clients):
     """Kill -9 the master leader; wait until another master leads and every store client's segment is back on it.
     Returns what happened (raises if no master leads, or the segments do not come back, within limit s)."""
     masters, port = lab.hosts("mooncake_master"), lab.var("mooncake_master_metrics_port")
-    leader = next((h for h, r in master_roles(lab, masters, port).items() if r == "leader"), None)
+    roles = functools.partial(master_roles, port=port, ip=lab.ips.get)
+    leader = next((h for h, r in roles(masters).items() if r == "leader"), None)
     if leader is None:
-        raise RuntimeError(f"no master leads before the kill: {master_roles(lab, masters, port)}")
+        raise RuntimeError(f"no master leads before the kill: {roles(masters)}")
     subprocess.run([DOCKER, "exec", leader, "systemctl", "kill", "--signal=SIGKILL", "mooncake-master"],
                    check=True, capture_output=True, timeout=60)
     t0 = time.monotonic()
     while time.monotonic() - t0 < limit:
-        roles = master_roles(lab, masters, port)
-        new = next((h for h, r in roles.items() if r == "leader" and h != leader), None)
+        new = next((h for h, r in roles(masters).items() if r == "leader" and h != leader), None)
         if new:
             break
         time.sleep(0.5)
     else:
-        raise RuntimeError(f"no other master leads {limit} s after {leader} was killed: {master_roles(lab, masters, port)}")
+        raise RuntimeError(f"no other master leads {limit} s after {leader} was killed: {roles(masters)}")
     led = round(time.monotonic() - t0, 1)
     while time.monotonic() - t0 < limit:
         if segments_back(http_get(new, f"http://{lab.ips[new]}:{port}/metrics"), clients):
@@ -141,7 +124,7 @@ def master_failover(lab, limit, clients):
     back = round(time.monotonic() - t0, 1)
     # the lab as it was for the steps after this one: systemd restarts the killed master, which comes back standby
     while time.monotonic() - t0 < limit + 60:
-        if master_roles(lab, [leader], port).get(leader) == "standby":
+        if roles([leader]).get(leader) == "standby":
             return {"killed": leader, "new_leader": new, "led_s": led, "segments_back_s": back,
                     "old_leader_standby_s": round(time.monotonic() - t0, 1)}
         time.sleep(1)
