@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling molecule-test rdma-test clean
+.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -82,6 +82,12 @@ lab-bench: venv
 	$(LAB_PLAY) playbooks/benchmark.yml -e '$(LAB_BENCH_VARS)'
 	$(LAB_PLAY) playbooks/router-overhead.yml -e router_overhead_requests=20 -e router_overhead_max_ratio=$(LAB_RO_MAX_RATIO) \
 		-e router_overhead_entry_max_ratio=$(LAB_RO_ENTRY_MAX_RATIO)
+
+# The reuse benchmark (issue 31): per router policy, with and without the store tier, CSV + PNG in benchmark-results/.
+# Restarts the prefill instances twice (the tier off, then back). Not in CI (~8 min on the lab).
+LAB_BENCH_REUSE_VARS ?= {"benchmark_workload":"reuse","benchmark_reuse_policies":["round_robin","cache_aware"],"benchmark_reuse_conversations":12,"benchmark_reuse_turns":3,"benchmark_reuse_max_tokens":16}
+lab-bench-reuse: venv
+	$(LAB_PLAY) playbooks/benchmark.yml -e '$(LAB_BENCH_REUSE_VARS)'
 
 # Fault drills (kill -9 of every service kind, an etcd member down, master failover) and the rolling
 # upgrade under load, on a lab from `make lab`.

@@ -817,6 +817,7 @@ class FilterModule(object):
             'bundle_size_bytes': size_bytes,
             'bundle_is_size': is_size,
             'bundle_mooncake_store_cfg': mooncake_store_cfg,
+            'bundle_store_tier_hosts': store_tier_hosts,
             'bundle_vllm_tp': vllm_tp,
             'bundle_vllm_side_channel_ports': vllm_side_channel_ports,
             'bundle_mooncake_check_pairs': mooncake_check_pairs,

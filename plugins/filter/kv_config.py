@@ -51,9 +51,25 @@ def vllm_kv_transfer_config(p2p, store_tier=False, store_mode=False, cache_prefi
             'kv_connector_extra_config': {'connectors': [child, store]}}
 
 
+def without_store_tier(kv):
+    """The P2P config a tier instance would have without the tier (the inverse of vllm_kv_transfer_config with
+    store_tier): MultiConnector's MooncakeConnector child with the engine id back. Any other config is returned
+    as it is. playbooks/benchmark.yml runs the reuse workload with and without the tier this way."""
+    kv = dict(kv)
+    if kv.get('kv_connector') != 'MultiConnector':
+        return kv
+    children = (kv.get('kv_connector_extra_config') or {}).get('connectors') or []
+    p2p = [c for c in children if c.get('kv_connector') == 'MooncakeConnector']
+    if len(p2p) != 1:
+        raise ValueError('without_store_tier: a MultiConnector config without exactly one MooncakeConnector: %r'
+                         % [c.get('kv_connector') for c in children])
+    return dict(p2p[0], engine_id=kv.get('engine_id'))
+
+
 class FilterModule(object):
     def filters(self):
         return {
             'bundle_store_cache_prefix': store_cache_prefix,
             'bundle_vllm_kv_transfer_config': vllm_kv_transfer_config,
+            'bundle_vllm_kv_without_store_tier': without_store_tier,
         }

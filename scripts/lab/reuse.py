@@ -22,68 +22,18 @@ from the controller) and sends the workload where users do (labinv client-url).
 import argparse
 import json
 import os
-import random
-import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "bench"))
+from reuse_workload import block_size_of, decisions, decisions_delta, parse_sources, perfect_cache_tokens, run, summarize  # noqa: E402,F401
 import load  # noqa: E402  (scripts/lab/load.py: the SDK client)
 from drills import DOCKER, http_get  # noqa: E402  (the docker client; a GET from inside a lab container)
 from labinv import Lab  # noqa: E402
-
-DECISION_RE = re.compile(r'^vllm_router_prefix_routing_decisions_total\{[^}]*outcome="([^"]+)"[^}]*\}\s+(\S+)', re.M)
-SOURCE_RE = re.compile(r'^vllm:prompt_tokens_by_source_total\{([^}]*)\}\s+(\S+)', re.M)
-BLOCK_RE = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
-# Words for the openings: a fixed list, drawn per conversation and run, so each opening is its own text.
-WORDS = ("prefill decode cache block tensor router entry fleet engine transfer request token prompt answer "
-         "memory segment master store host rack switch fabric queue batch stream latency budget window turn "
-         "offset vector layer weight model shard replica region volume ledger harbor orbit signal").split()
-
-
-def parse_sources(text):
-    """{source: tokens} summed over the instance's series (one per model/engine) of a /metrics text."""
-    out = {}
-    for labels, value in SOURCE_RE.findall(text or ""):
-        m = re.search(r'source="([^"]+)"', labels)
-        if m:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(value)
-    return out
-
-
-def decisions(text):
-    """{outcome: count} of a router's prefix-routing decisions (prefix_hit, prefix_miss, missing_tokens, ...)."""
-    out = {}
-    for outcome, value in DECISION_RE.findall(text or ""):
-        out[outcome] = out.get(outcome, 0.0) + float(value)
-    return out
-
-
-def block_size_of(text):
-    m = BLOCK_RE.search(text or "")
-    return int(m.group(1)) if m else None
-
-
-def perfect_cache_tokens(prompts, block_size):
-    """Tokens a fleet-wide cache that keeps every block computes for these prompts, in order: each prompt's
-    length minus its longest run of whole leading blocks seen before (a hit covers at most length - 1 tokens,
-    as in vLLM: the last token is always computed). A block is known by its whole prefix (a chained hash)."""
-    seen, total = set(), 0
-    for ids in prompts:
-        chain, key = [], None
-        for start in range(0, len(ids) - block_size + 1, block_size):
-            key = hash((key, tuple(ids[start:start + block_size])))
-            chain.append(key)
-        usable, hit = (len(ids) - 1) // block_size, 0
-        while hit < min(usable, len(chain)) and chain[hit] in seen:
-            hit += 1
-        seen.update(chain)
-        total += len(ids) - hit * block_size
-    return total
 
 
 def reuse_problems(r, goal):
@@ -126,39 +76,15 @@ def tokenize(host, port, lab, prompts):
     return json.loads(res.stdout)
 
 
-def opening(conv, nonce, words):
-    rnd = random.Random(f"{nonce}-{conv}")
-    return f"Conversation {conv} ({nonce}). " + " ".join(rnd.choice(WORDS) for _ in range(words))
-
-
-def run(client, model, conversations, turns, words, max_tokens, nonce, concurrency=1):
-    """The interleaved turns, `concurrency` at a time (users in parallel: a router that balances load sees load);
-    a round (one turn of every conversation) ends before the next begins. Returns (prompts in send order,
-    records)."""
-    history = {c: opening(c, nonce, words) for c in range(conversations)}
-    prompts, records = [], []
-
-    def one(c, t):
-        prompt = history[c] + f"\nUser: question {t + 1} of conversation {c}?\nAssistant:"
-        t0 = time.monotonic()
+def sdk_sender(client, model, max_tokens):
+    """send(prompt) for reuse_workload.run(): the official openai SDK (one keep-alive client)."""
+    def send(prompt):
         try:
             out = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
-            answer, err = (out.choices[0].text if out.choices else ""), ""
+            return (out.choices[0].text if out.choices else ""), "", None
         except Exception as exc:  # noqa: BLE001 - every SDK error is a failed request
-            answer, err = "", f"{type(exc).__name__}: {str(exc)[:200]}"
-        return c, prompt, answer, {"conversation": c, "turn": t + 1, "ok": not err, "error": err,
-                                   "latency": round(time.monotonic() - t0, 2)}
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        for t in range(turns):
-            # users do not take turns in a fixed order: each round in its own (seeded, so every run the same)
-            # order. A fixed order would hand round_robin a conversation's every turn on one instance by parity.
-            order = list(range(conversations))
-            random.Random(f"round-{t}").shuffle(order)
-            for c, prompt, answer, rec in pool.map(lambda c: one(c, t), order):
-                prompts.append(prompt)
-                records.append(rec)
-                history[c] = prompt + answer
-    return prompts, records
+            return "", f"{type(exc).__name__}: {str(exc)[:200]}", None
+    return send
 
 
 def main(argv=None):
@@ -193,37 +119,19 @@ def main(argv=None):
     client = load.sdk_client(lab.client_url(), 120, lab.client_key())
     nonce = f"{int(time.time())}"
     t0 = time.monotonic()
-    prompts, records = run(client, model, args.conversations, args.turns, args.words, args.max_tokens, nonce,
-                           args.concurrency)
+    prompts, records = run(sdk_sender(client, model, args.max_tokens), args.conversations, args.turns, args.words,
+                           nonce, args.concurrency)
     elapsed = time.monotonic() - t0
     time.sleep(2)  # the instances' counters are updated when a request finishes; give the last one a moment
     after_p, after_d = snapshot(prefills), snapshot(decodes)
     after_r = router_decisions()
-
-    def delta(after, before, source):
-        return sum(after[k].get(source, 0.0) - before[k].get(source, 0.0) for k in after)
     ids = tokenize(prefills[0][0], prefills[0][2], lab, prompts)
-    failed = [x for x in records if not x["ok"]]
-    r = {"label": args.label, "concurrency": args.concurrency, "policy": args.policy or lab.var("vllm_router_prefill_policy"),
-         "block_size": block,
-         "conversations": args.conversations, "turns": args.turns, "requests": len(records),
-         "failed": len(failed), "failures": failed[:10],
-         "prompt_tokens": sum(len(x) for x in ids), "perfect_tokens": perfect_cache_tokens(ids, block),
-         "computed_tokens": delta(after_p, before_p, "local_compute"),
-         "prefill_cache_hit_tokens": delta(after_p, before_p, "local_cache_hit"),
-         # a prefill's external source is the store tier (vllm_store_tier): blocks another prefill computed
-         "prefill_store_tokens": delta(after_p, before_p, "external_kv_transfer"),
-         "prefill_computed_by_instance": {k: after_p[k].get("local_compute", 0) - before_p[k].get("local_compute", 0)
-                                          for k in after_p},
-         "decode_by_transfer": delta(after_d, before_d, "external_kv_transfer"),
-         "decode_local_hit": delta(after_d, before_d, "local_cache_hit"),
-         "decode_local_compute": delta(after_d, before_d, "local_compute"),
-         # each router's prefill decisions in the run: a missing_tokens one routed by load (no render answer)
-         "router_decisions": {h: {k: v - before_r[h].get(k, 0.0) for k, v in after_r[h].items()
-                                  if v - before_r[h].get(k, 0.0)} for h in after_r},
-         "seconds": round(elapsed, 1), "requests_per_s": round(len(records) / elapsed, 2),
-         "latency_p50_s": sorted(x["latency"] for x in records)[len(records) // 2]}
-    r["computed_over_perfect"] = round(r["computed_tokens"] / r["perfect_tokens"], 3) if r["perfect_tokens"] else None
+    r = {"label": args.label, "concurrency": args.concurrency,
+         "policy": args.policy or lab.var("vllm_router_prefill_policy"),
+         "conversations": args.conversations, "turns": args.turns}
+    r.update(summarize(ids, records, block, before_p, after_p, before_d, after_d, elapsed))
+    # each router's prefill decisions in the run: a missing_tokens one routed by load (no render answer)
+    r["router_decisions"] = {h: decisions_delta(after_r[h], before_r[h]) for h in after_r}
     problems = [] if args.no_goal else reuse_problems(r, args.goal)
     r["problems"] = problems
     if args.out:

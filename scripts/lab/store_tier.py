@@ -34,7 +34,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from drills import DOCKER, INSTANCE_KEY_FILE, http_get, master_roles  # noqa: E402
 from labinv import Lab  # noqa: E402
-from reuse import WORDS, block_size_of, metrics, parse_sources  # noqa: E402
+from reuse import metrics  # noqa: E402
+from reuse_workload import WORDS, block_size_of, parse_sources  # noqa: E402  (scripts/bench, on the path via reuse)
 
 STORE_KEYS_RE = re.compile(r'^vllm:mooncake_store_operation_keys_total\{([^}]*)\}\s+(\S+)', re.M)
 

@@ -48,3 +48,13 @@ def test_cache_prefix_refuses_empty_and_separators(name, rev):
 
 def test_cache_prefix_is_name_and_revision():
     assert kc.store_cache_prefix("qwen3-32b", " 2025-04-29 ") == "qwen3-32b:2025-04-29"
+
+
+def test_without_store_tier_is_the_inverse_of_the_tier():
+    # the benchmark's "without the tier" side: exactly the config the instance has with vllm_store_tier false
+    assert kc.without_store_tier(kc.vllm_kv_transfer_config(P2P, store_tier=True, cache_prefix="q:r")) == P2P
+    assert kc.without_store_tier(P2P) == P2P
+    bad = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
+        {"kv_connector": "MooncakeStoreConnector"}]}}
+    with pytest.raises(ValueError, match="exactly one MooncakeConnector"):
+        kc.without_store_tier(bad)

@@ -43,3 +43,55 @@ def test_router_decisions_are_read_by_outcome():
     text = ('vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="prefill",outcome="prefix_hit"} 11\n'
             'vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="prefill",outcome="missing_tokens"} 1\n')
     assert reuse.decisions(text) == {"prefix_hit": 11.0, "missing_tokens": 1.0}
+
+
+def _workload():
+    spec = importlib.util.spec_from_file_location("reuse_workload", HERE.parent / "bench" / "reuse_workload.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_percentile_by_nearest_rank():
+    w = _workload()
+    vals = [float(v) for v in range(1, 101)]
+    assert (w.percentile(vals, 50), w.percentile(vals, 99), w.percentile(vals, 100)) == (50.0, 99.0, 100.0)
+    assert w.percentile([None, 3.0], 50) == 3.0 and w.percentile([], 50) is None
+
+
+def test_summarize_counts_the_store_tier_and_decode_sources():
+    w = _workload()
+    ids = [list(range(10)), list(range(10)) + [50, 51, 52, 53, 54]]
+    before = {"p": {"local_compute": 100.0}}
+    after_p = {"p": {"local_compute": 117.0, "external_kv_transfer": 8.0, "local_cache_hit": 0.0}}
+    after_d = {"d": {"external_kv_transfer": 20.0}}
+    recs = [{"ok": True, "latency": 1.0, "ttft": 0.2}, {"ok": True, "latency": 2.0, "ttft": 0.4}]
+    r = w.summarize(ids, recs, 4, before, after_p, {}, after_d, 4.0)
+    assert (r["perfect_tokens"], r["computed_tokens"], r["prefill_store_tokens"]) == (17, 17.0, 8.0)
+    assert (r["computed_over_perfect"], r["decode_by_transfer"], r["requests_per_s"]) == (1.0, 20.0, 0.5)
+    assert (r["ttft_p50_ms"], r["ttft_p99_ms"]) == (200.0, 400.0)
+    bad = w.summarize(ids, recs + [{"ok": False, "error": "x", "latency": 0.1, "ttft": None}], 4, before, after_p,
+                      {}, after_d, 4.0)
+    assert bad["failed"] == 1
+
+
+def test_reuse_report_rows_and_off_over_on_ratios(tmp_path):
+    spec = importlib.util.spec_from_file_location("reuse_report", HERE.parent / "bench" / "reuse_report.py")
+    rep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rep)
+    base = {"requests": 12, "failed": 0, "prompt_tokens": 9000, "perfect_tokens": 3000, "decode_by_transfer": 8000,
+            "decode_local_hit": 900, "requests_per_s": 0.5}
+    doc = {"lab": True, "errors": [], "results": [
+        dict(base, store_tier="on", policy="round_robin", computed_tokens=3300, computed_over_perfect=1.1,
+             prefill_store_tokens=1200, ttft_p50_ms=100.0, ttft_p99_ms=300.0),
+        dict(base, store_tier="off", policy="round_robin", computed_tokens=4500, computed_over_perfect=1.5,
+             prefill_store_tokens=0, ttft_p50_ms=150.0, ttft_p99_ms=330.0)]}
+    text, rows = rep.render_csv(doc)
+    assert rows[0]["store_memory_tokens"] == 1200 and rows[0]["store_ssd_tokens"] == ""
+    assert "LAB RUN" in text
+    ratio_line = [ln for ln in text.splitlines() if ln.startswith("off/on,round_robin")][0].split(",")
+    assert ratio_line[rep.COLS.index("computed_over_perfect")] == "1.364" and ratio_line[-4:-1] == ["1.5", "1.1", "1.0"]
+    doc["errors"] = ["off-cache_aware: failed"]
+    (tmp_path / "r.json").write_text(__import__("json").dumps(doc))
+    assert rep.main(["x", str(tmp_path / "r.json"), str(tmp_path / "r.csv"), str(tmp_path / "r.png")]) == 1
+    assert (tmp_path / "r.png").stat().st_size > 1000 and "FAILED RUN" in (tmp_path / "r.csv").read_text()
