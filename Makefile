@@ -103,7 +103,7 @@ lab-reuse: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/reuse.py --out lab-results/reuse.json
 
 lab-store-tier: venv
-	mkdir -p lab-results && $(PY) scripts/lab/store_tier.py --master-kill --out lab-results/store-tier.json
+	mkdir -p lab-results && $(PY) scripts/lab/store_tier.py --ssd --master-kill --out lab-results/store-tier.json
 
 lab-rolling: venv
 	ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) scripts/lab/rolling-test.sh $(CURDIR)/lab-results

@@ -483,6 +483,17 @@ def host_listeners(cfg, roles):
         add(cfg.get('mooncake_rpc_port_min'), ['mooncake_rpc_port_min..mooncake_rpc_port_max'],
             'transfer engine RPC/data range', kv_peers, last=cfg.get('mooncake_rpc_port_max'), engine_range=True)
         add(cfg.get('mooncake_check_port'), ['mooncake_check_port'], 'mooncake-check control', kv_peers)
+    if roles.get('store_ssd'):
+        # The host's mooncake-store-client (vllm_store_ssd): /health and /metrics; its disk reads for the other store
+        # clients on a kernel-picked port (no option pins it: vllm_store_ssd_offload_rpc_port_min..max); its service
+        # port for local callers only. Its transfer engine uses the engine range above.
+        add(cfg.get('vllm_store_ssd_http_port'), ['vllm_store_ssd_http_port'], 'Mooncake store client health/metrics',
+            ['monitoring'])
+        add(cfg.get('vllm_store_ssd_service_port'), ['vllm_store_ssd_service_port'], 'Mooncake store client service (local)', [])
+        add(cfg.get('vllm_store_ssd_offload_rpc_port_min'),
+            ['vllm_store_ssd_offload_rpc_port_min..vllm_store_ssd_offload_rpc_port_max'],
+            'Mooncake store client disk reads (kernel-picked port)', ['store_clients'],
+            last=cfg.get('vllm_store_ssd_offload_rpc_port_max'), engine_range=True)
     instances = cfg.get('vllm_instances') or [] if vllm else []
     for i in instances:
         name = i.get('name')
@@ -540,6 +551,13 @@ def store_tier_hosts(groups, hostvars):
     if store_mode(groups, hostvars) or not groups.get('mooncake_master'):
         return []
     return [h for h in groups.get('vllm_prefill') or [] if _boollike(host_cfg(h, hostvars).get('vllm_store_tier', False))]
+
+
+def store_ssd_hosts(groups, hostvars):
+    """The store tier's hosts that run a mooncake-store-client unit with an SSD tier (vllm_store_ssd): the masters
+    turn offload on for them (mooncake_master_offload auto), the firewall opens their client's ports, monitoring
+    scrapes it."""
+    return [h for h in store_tier_hosts(groups, hostvars) if _boollike(host_cfg(h, hostvars).get('vllm_store_ssd', False))]
 
 
 def firewall_source_classes(groups, hostvars, extra_sources=None):
@@ -818,6 +836,7 @@ class FilterModule(object):
             'bundle_is_size': is_size,
             'bundle_mooncake_store_cfg': mooncake_store_cfg,
             'bundle_store_tier_hosts': store_tier_hosts,
+            'bundle_store_ssd_hosts': store_ssd_hosts,
             'bundle_vllm_tp': vllm_tp,
             'bundle_vllm_side_channel_ports': vllm_side_channel_ports,
             'bundle_mooncake_check_pairs': mooncake_check_pairs,

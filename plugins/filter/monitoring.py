@@ -12,6 +12,9 @@ Jobs (JOBS order):
                    instance = "<host>/<instance name>"
   vllm_router      each router's Prometheus exporter (vllm_router_prometheus_port)
   mooncake_master  each master's metrics port (mooncake_master_metrics_port)
+  mooncake_store_client
+                   each SSD-tier prefill host's mooncake-store-client (bundle_store_ssd_hosts: vllm_store_tier and
+                   vllm_store_ssd), its /metrics port (vllm_store_ssd_http_port): the SSD reads and writes
   etcd             each member's metrics listener (etcd_metrics_port); https with the bundle's client certificate
                    (tls: true) when etcd_tls_enabled, else http
   node             prometheus-node-exporter (monitoring_node_exporter_port) on every bundle host (bundle_hosts),
@@ -29,7 +32,7 @@ _load = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 _bundle = _load('bundle')
 _status = _load('status')
 
-JOBS = ('vllm', 'vllm_router', 'mooncake_master', 'etcd', 'node', 'prometheus', 'alertmanager')
+JOBS = ('vllm', 'vllm_router', 'mooncake_master', 'mooncake_store_client', 'etcd', 'node', 'prometheus', 'alertmanager')
 VLLM_ROLES = (('vllm_prefill', 'prefill'), ('vllm_decode', 'decode'))
 
 
@@ -56,6 +59,8 @@ def scrape_targets(groups, hostvars):
                                                    instance='%s/%s' % (e['host'], e['name'])))
     jobs['vllm_router']['targets'] = _per_host(groups.get('vllm_router'), hostvars, 'vllm_router_prometheus_port')
     jobs['mooncake_master']['targets'] = _per_host(groups.get('mooncake_master'), hostvars, 'mooncake_master_metrics_port')
+    jobs['mooncake_store_client']['targets'] = _per_host(_bundle.store_ssd_hosts(groups, hostvars), hostvars,
+                                                         'vllm_store_ssd_http_port')
     etcd = groups.get('etcd') or []
     jobs['etcd']['targets'] = _per_host(etcd, hostvars, 'etcd_metrics_port')
     # The members share one scheme (the etcd role's setting applies to the whole cluster); the first one's.
@@ -75,13 +80,20 @@ EXTRA_UNITS = {'master': ['mooncake-master-watchdog'], 'entry': ['haproxy', 'kee
                'monitoring': ['prometheus', 'prometheus-alertmanager']}
 
 
+# The SSD tier's store client, on bundle_store_ssd_hosts (a setting, not an inventory group: no host_roles key).
+STORE_SSD_UNIT = 'mooncake-store-client'
+
+
 def monitored_units(host, groups, hostvars):
     """The bundle's systemd units on host, for the node exporter's systemd collector (alert UnitDown): what
-    playbooks/status.yml expects there (etcd, mooncake-master, vllm@<instance>, vllm-router) and EXTRA_UNITS of
-    the roles host runs. A unit the host does not have (keepalived with one entry host) has no series."""
+    playbooks/status.yml expects there (etcd, mooncake-master, vllm@<instance>, vllm-router), EXTRA_UNITS of
+    the roles host runs and STORE_SSD_UNIT on the SSD tier's hosts. A unit the host does not have (keepalived with
+    one entry host) has no series."""
     names = list(_status.bundle_status_expected(dict(groups, all=[host]), hostvars).get(host, []))
     roles = _bundle.host_roles(host, groups)
     names += [u for role, units in EXTRA_UNITS.items() if roles.get(role) for u in units]
+    if host in _bundle.store_ssd_hosts(groups, hostvars):
+        names.append(STORE_SSD_UNIT)
     return names
 
 

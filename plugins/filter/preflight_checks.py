@@ -54,6 +54,8 @@ PORT_VARS = {
     'entry': ['entry_port', 'entry_check_port'],
     'monitoring': ['monitoring_prometheus_port', 'monitoring_alertmanager_port'],
     'node_exporter': ['monitoring_node_exporter_port'],
+    'store_ssd': ['vllm_store_ssd_http_port', 'vllm_store_ssd_service_port', 'vllm_store_ssd_offload_rpc_port_min',
+                  'vllm_store_ssd_offload_rpc_port_max'],
 }
 
 CHECKS = []
@@ -86,9 +88,14 @@ def _truthy(value, default=False):
     return _bundle._truthy(value, default)
 
 
-def _roles(host, groups):
-    """Which of the bundle's roles host runs (bundle_host_roles)."""
-    return _bundle.host_roles(host, groups)
+def _roles(host, groups, cfg=None):
+    """Which of the bundle's roles host runs (bundle_host_roles); with its settings cfg also store_ssd (the host runs
+    a mooncake-store-client with an SSD tier: a store tier prefill in P2P mode with vllm_store_ssd)."""
+    r = _bundle.host_roles(host, groups)
+    r['store_ssd'] = bool(cfg is not None and r['prefill'] and (groups or {}).get('mooncake_master')
+                          and cfg.get('vllm_kv_connector') != _bundle.STORE_CONNECTOR
+                          and _truthy(cfg.get('vllm_store_tier')) and _truthy(cfg.get('vllm_store_ssd')))
+    return r
 
 
 def _option(specs, var, role=None):
@@ -247,6 +254,16 @@ def booleans_master_ha(cfg, host, groups, specs):
 
 
 @check('booleans')
+def booleans_master_offload(cfg, host, groups, specs):
+    """auto or a boolean (type raw in its spec)."""
+    value = cfg.get('mooncake_master_offload', 'auto')
+    if not _roles(host, groups)['master'] or str(value) == 'auto' or _pf.is_boollike(value):
+        return []
+    return ['mooncake_master_offload=%s on %s is not supported. Fix: set mooncake_master_offload to auto (on when a host '
+            'runs the store tier\'s SSD client, vllm_store_ssd), true or false.' % (_j(value), host)]
+
+
+@check('booleans')
 def booleans_http_metadata(cfg, host, groups, specs):
     """auto or a boolean (type raw, as mooncake_master_ha)."""
     value = cfg.get('mooncake_master_http_metadata_server', 'auto')
@@ -305,8 +322,28 @@ def sizes_parse(cfg, host, groups, specs):
                 items.append(('vllm_mooncake_store_config.' + key, store[key]))
     if r['engine'] and 'mooncake_check_size' in cfg:
         items.append(('mooncake_check_size', cfg['mooncake_check_size']))
+    if _roles(host, groups, cfg)['store_ssd']:
+        items += [(var, cfg[var]) for var in ('vllm_store_ssd_memory', 'vllm_store_ssd_capacity',
+                                             'vllm_store_ssd_staging_buffer') if var in cfg]
     return ['%s=%s on %s is not a memory size. Fix: a positive integer of bytes or a number with a unit, e.g. 4gb, '
             '512MiB, 1073741824.' % (var, _j(value), host) for var, value in items if not _bundle.is_size(value)]
+
+
+@check('sizes')
+def sizes_store_ssd_watermarks(cfg, host, groups, specs):
+    """The SSD tier evicts above high x cap down to low x cap: 0 < low < high <= 1."""
+    if not _roles(host, groups, cfg)['store_ssd']:
+        return []
+    hi, lo = cfg.get('vllm_store_ssd_high_watermark'), cfg.get('vllm_store_ssd_low_watermark')
+    try:
+        ok = 0 < float(lo) < float(hi) <= 1
+    except (TypeError, ValueError):
+        ok = False
+    if ok:
+        return []
+    return ['vllm_store_ssd_low_watermark=%s and vllm_store_ssd_high_watermark=%s on %s: the SSD tier evicts above high '
+            'x vllm_store_ssd_capacity down to low x it, so they need 0 < low < high <= 1. Fix: e.g. '
+            'vllm_store_ssd_high_watermark: 0.9 and vllm_store_ssd_low_watermark: 0.7.' % (_j(lo), _j(hi), host)]
 
 
 @check('sizes')
@@ -680,7 +717,7 @@ def instances_optional_keys(cfg, host, groups, specs):
 
 @check('ports')
 def ports_are_ports(cfg, host, groups, specs):
-    r = _roles(host, groups)
+    r = _roles(host, groups, cfg)
     names = [v for role in PORT_VARS if r[role] for v in PORT_VARS[role]]
     if r['etcd'] and _truthy(cfg.get('etcd_tls_enabled'), False):
         names.append('etcd_mooncake_client_port')
@@ -709,7 +746,7 @@ def ports_engine_range(cfg, host, groups, specs):
 def ports_conflicts(cfg, host, groups, specs):
     """No two services of the host on one port, none inside the engine range: the listener table the firewall
     opens (bundle_host_listeners), pinned port ranges expanded."""
-    r = _roles(host, groups)
+    r = _roles(host, groups, cfg)
     if r['vllm'] and _int(cfg.get('vllm_side_channel_port_base')) is None:
         return []  # another type: its spec (an integer) refuses it
     table = _bundle.listener_port_table(_bundle.host_listeners(dict(cfg, vllm_instances=[i for _, i in _instances(cfg)]), r))
@@ -782,6 +819,20 @@ def kv_mode_store_tier_master(hostvars, groups, specs, host):
     return ['vllm_store_tier is true on %s but the group mooncake_master is empty (checked on %s): the store tier puts '
             'and finds prefixes through a Mooncake master. Fix: add one host (two or more for HA, with etcd) under '
             'mooncake_master:, or set vllm_store_tier: false.' % (', '.join(tier), host)]
+
+
+@check('kv_mode', scope='fleet')
+def kv_mode_store_ssd_tier(hostvars, groups, specs, host):
+    """vllm_store_ssd is the store tier's SSD: on a prefill host without the tier (or in store mode) it would do
+    nothing, silently."""
+    tier = _tier_hosts(hostvars, groups) if groups.get('mooncake_master') else []
+    lone = [h for h, cfg in _cfgs(hostvars, (groups or {}).get('vllm_prefill') or [])
+            if _truthy(cfg.get('vllm_store_ssd')) and h not in tier]
+    if not lone:
+        return []
+    return ['vllm_store_ssd is true on %s, which run no store tier (checked on %s): the SSD tier sits behind the store '
+            'tier\'s memory (P2P mode, vllm_store_tier: true, a mooncake_master group). Fix: set vllm_store_tier: true '
+            'there, or vllm_store_ssd: false.' % (', '.join(lone), host)]
 
 
 @check('kv_mode', scope='fleet')

@@ -10,9 +10,14 @@ MooncakeStoreConnector):
   3. B's vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} must rise by the prompt's whole blocks
      (the tokens vLLM can load: at most the prompt's length minus one, in whole blocks), and B computes only the
      tail. Missed: exit 1.
-With --master-kill, the master leader is killed (SIGKILL) between 2 and 3, and B asks once another master leads and
-every store client's segment is back on it (its /metrics: active clients, segments mounted or remounted): the index
-must have survived the failover (mooncake_master_oplog) for B to find A's blocks.
+With --ssd (vllm_store_ssd: the host's mooncake-store-client owns the memory tier, a small one in the lab, and the SSD
+tier behind it), filler prompts go to A between 2 and 3 until the master leader has evicted from memory at least
+twice the objects memory holds plus the prompt's blocks (master_evicted_key_count_mem, mem_cache_nums_; nothing looks
+A's prompt up meanwhile, so its blocks are the oldest); B must then load them all and the master count at least that
+many hits served from SSD (file_cache_hit_nums_).
+With --master-kill, the master leader is killed (SIGKILL) between 2 and 3 (after the fillers), and B asks once another
+master leads and every store client is back on it (its /metrics: active clients, segments mounted or remounted by
+their owners): the index must have survived the failover (mooncake_master_oplog) for B to find A's blocks.
 Counts, not times: the goal is deterministic. Both requests go to the instances directly (not through a router:
 the routers' cache_aware would rightly send the second to A).
 
@@ -62,8 +67,17 @@ def loadable_tokens(n_tokens, block):
 
 
 def tier_problems(r):
-    """What the proof missed: B must load every loadable block of the prompt from the store."""
+    """What the proof missed: B must load every loadable block of the prompt from the store; with the SSD proof
+    (r["ssd"]) they must have been evicted from memory first and served from SSD."""
     out = []
+    ssd = r.get("ssd")
+    if ssd:
+        if ssd["evicted_mem"] < ssd["evict_goal"]:
+            out.append(f"the fillers evicted {ssd['evicted_mem']:.0f} objects from memory, not the {ssd['evict_goal']:.0f} "
+                       f"that push the prompt's blocks out ({ssd['fillers']} fillers)")
+        if ssd["file_hits"] < r["loadable_tokens"] // max(r["block_size"], 1):
+            out.append(f"the master served {ssd['file_hits']:.0f} hits from SSD, not the prompt's "
+                       f"{r['loadable_tokens'] // max(r['block_size'], 1)} blocks")
     if r["failed"]:
         out.append(f"requests failed: {r['failed']}")
     if r["loadable_tokens"] <= 0:
@@ -84,20 +98,55 @@ def complete(host, ip, port, model, prompt, timeout=120):
     return True, json.loads(out).get("usage", {})
 
 
-MASTER_COUNTER_RE = re.compile(r'^(master_active_clients|master_(?:re)?mount_segment_requests_total)\s+(\S+)', re.M)
+MASTER_COUNTER_RE = re.compile(r'^([a-z_]+)\s+(\S+)', re.M)
 
 
-def segments_back(text, clients):
-    """Whether a master's /metrics says every store client is back: `clients` active clients, each of whose segment
-    it mounted or remounted (a new leader knows the index from the OpLog, the segments from the clients)."""
-    vals = {}
-    for name, value in MASTER_COUNTER_RE.findall(text or ""):
-        vals[name] = float(value)
+def master_counters(text):
+    """{name: value} of a master's unlabelled series (active clients, mounts, memory evictions, SSD hits)."""
+    return {name: float(value) for name, value in MASTER_COUNTER_RE.findall(text or "")}
+
+
+def segments_back(text, clients, owners=None):
+    """Whether a master's /metrics says every store client is back: `clients` active clients, and the `owners`
+    (default: all of them) whose segments it mounted or remounted (a new leader knows the index from the OpLog, the
+    segments from the clients). With SSD offload the instances own no segment: the hosts' store clients do."""
+    vals = master_counters(text)
     mounted = vals.get("master_mount_segment_requests_total", 0) + vals.get("master_remount_segment_requests_total", 0)
-    return vals.get("master_active_clients", 0) >= clients and mounted >= clients
+    return vals.get("master_active_clients", 0) >= clients and mounted >= (clients if owners is None else owners)
 
 
-def master_failover(lab, limit, clients):
+def leader_of(lab):
+    masters, port = lab.hosts("mooncake_master"), lab.var("mooncake_master_metrics_port")
+    return next((h for h, r in master_roles(masters, port, ip=lab.ips.get).items() if r == "leader"), None)
+
+
+def leader_counters(lab, host):
+    return master_counters(http_get(host, f"http://{lab.ips[host]}:{lab.var('mooncake_master_metrics_port')}/metrics"))
+
+
+def evict_with_fillers(lab, host, ip, port, model, blocks, words, limit):
+    """Send fresh prompts to one instance until the master leader has evicted from memory twice what memory holds
+    plus `blocks` (the prompt's blocks, the oldest objects: nothing looked them up since). Returns the counts."""
+    leader = leader_of(lab)
+    c0 = leader_counters(lab, leader)
+    goal = 2 * c0.get("mem_cache_nums_", 0) + blocks
+    fillers, evicted, t0 = 0, 0.0, time.monotonic()
+    while time.monotonic() - t0 < limit:
+        evicted = leader_counters(lab, leader).get("master_evicted_key_count_mem", 0) - c0.get("master_evicted_key_count_mem", 0)
+        if evicted >= goal:
+            break
+        rnd = random.Random(f"filler-{time.time()}-{fillers}")
+        ok, _ = complete(host, ip, port, model, f"Filler {fillers} {time.time()}. "
+                         + " ".join(rnd.choice(WORDS) for _ in range(words)))
+        fillers += 1
+        if not ok:
+            break
+        time.sleep(0.5)  # the puts finish after the answer
+    return {"leader": leader, "evict_goal": goal, "evicted_mem": evicted, "fillers": fillers,
+            "mem_objects_before": c0.get("mem_cache_nums_", 0), "seconds": round(time.monotonic() - t0, 1)}
+
+
+def master_failover(lab, limit, clients, owners=None):
     """Kill -9 the master leader; wait until another master leads and every store client's segment is back on it.
     Returns what happened (raises if no master leads, or the segments do not come back, within limit s)."""
     masters, port = lab.hosts("mooncake_master"), lab.var("mooncake_master_metrics_port")
@@ -117,7 +166,7 @@ def master_failover(lab, limit, clients):
         raise RuntimeError(f"no other master leads {limit} s after {leader} was killed: {roles(masters)}")
     led = round(time.monotonic() - t0, 1)
     while time.monotonic() - t0 < limit:
-        if segments_back(http_get(new, f"http://{lab.ips[new]}:{port}/metrics"), clients):
+        if segments_back(http_get(new, f"http://{lab.ips[new]}:{port}/metrics"), clients, owners):
             break
         time.sleep(0.5)
     else:
@@ -140,6 +189,9 @@ def main(argv=None):
     ap.add_argument("--master-kill", action="store_true",
                     help="kill -9 the master leader between the two requests: the index must survive the failover")
     ap.add_argument("--failover-wait", type=float, default=60.0, help="seconds for another master to lead")
+    ap.add_argument("--ssd", action="store_true",
+                    help="evict A's blocks from the memory tier with filler prompts first: B must load them from SSD")
+    ap.add_argument("--evict-wait", type=float, default=300.0, help="seconds the fillers may take")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     lab = Lab(args.scenario)
@@ -165,10 +217,19 @@ def main(argv=None):
             break
         time.sleep(0.5)
     put_s = round(time.monotonic() - t0, 1)
-    failover = master_failover(lab, args.failover_wait, len(prefills)) if args.master_kill and ok_a else None
+    ssd = evict_with_fillers(lab, ha, lab.ips[ha], pa, model, want_keys, args.words, args.evict_wait) \
+        if args.ssd and ok_a else None
+    # With SSD offload each prefill host's store client is a client too, and the segments are theirs.
+    ssd_hosts = sorted({h for h, _, _ in prefills}) if args.ssd else []
+    failover = master_failover(lab, args.failover_wait, len(prefills) + len(ssd_hosts),
+                               len(ssd_hosts) or None) if args.master_kill and ok_a else None
+    leader = leader_of(lab) if ssd else None
+    f0 = leader_counters(lab, leader).get("file_cache_hit_nums_", 0) if leader else 0
     ok_b, usage_b = complete(hb, lab.ips[hb], pb, model, prompt)
     time.sleep(1)  # the counters move when the request finishes
     b1 = metrics(hb, pb, lab)
+    if ssd:
+        ssd["file_hits"] = leader_counters(lab, leader).get("file_cache_hit_nums_", 0) - f0
     sb0, sb1 = parse_sources(b0), parse_sources(b1)
     r = {"a": f"{ha}/{na}", "b": f"{hb}/{nb}", "block_size": block, "prompt_tokens": n_tokens,
          "loadable_tokens": loadable_tokens(n_tokens, block), "a_put_keys": a_put, "a_put_wait_s": put_s,
@@ -177,7 +238,7 @@ def main(argv=None):
          "b_local_hit_tokens": sb1.get("local_cache_hit", 0.0) - sb0.get("local_cache_hit", 0.0),
          "failed": [d for ok, d in ((ok_a, usage_a), (ok_b, usage_b)) if not ok],
          "a_store_ops": {f"{k[0]}/{k[1]}": v for k, v in store_keys(metrics(ha, pa, lab)).items()},
-         "master_failover": failover}
+         "master_failover": failover, "ssd": ssd}
     problems = tier_problems(r)
     r["problems"] = problems
     if args.out:
@@ -186,6 +247,10 @@ def main(argv=None):
     print(f"store tier: {r['a']} computed a {n_tokens}-token prompt and put {a_put:.0f} keys in {put_s} s; "
           f"{r['b']} loaded {r['b_external_tokens']:.0f} of its {r['loadable_tokens']} loadable tokens from the store "
           f"and computed {r['b_computed_tokens']:.0f} (block {block})")
+    if ssd:
+        print(f"  between the two: {ssd['fillers']} filler prompts to {r['a']} evicted {ssd['evicted_mem']:.0f} objects "
+              f"from the memory tier (goal {ssd['evict_goal']:.0f}) in {ssd['seconds']} s; the master served "
+              f"{ssd.get('file_hits', 0):.0f} of B's hits from SSD")
     if failover:
         print(f"  between the two: the master leader {failover['killed']} killed (SIGKILL); {failover['new_leader']} "
               f"led {failover['led_s']} s later, every store client's segment back on it at {failover['segments_back_s']} s")

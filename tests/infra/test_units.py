@@ -8,6 +8,16 @@ from conftest import (BUNDLE, INSTANCE_KEY_FILE, ROUTER_KEY_FILE, bearer_secrets
                       router_key_configured, run_as_root, tcp_listeners)
 
 
+def store_ssd_deployed(host):
+    """Whether host should run mooncake-store-client: a prefill host with vllm_store_ssd whose instances run the store
+    tier as deployed (MultiConnector; a converge into store mode turns the tier, and so the client, off)."""
+    v = hvars(host)
+    if not in_group(host, 'vllm_prefill') or not v.get('vllm_store_ssd') or not v.get('vllm_instances'):
+        return False
+    kv = deployed_kv_config(host, v['vllm_instances'][0]['name'])
+    return kv.get('kv_connector') == 'MultiConnector' and 'MooncakeStoreConnector' in kv_connectors(kv)
+
+
 def expected_units(host):
     v = hvars(host)
     units = []
@@ -26,6 +36,10 @@ def expected_units(host):
                 # vLLM writes 0.0.0.0 for the bootstrap server; the bundle's sitecustomize binds it to the address.
                 socks.append((ip, inst.get('bootstrap_port', v['vllm_default_bootstrap_port'])))
             units.append(('vllm@%s' % inst['name'], socks))
+    if store_ssd_deployed(host):
+        # Mooncake's client binds its HTTP server on every address (no option); its service port on --host.
+        units.append(('mooncake-store-client', [('0.0.0.0', v['vllm_store_ssd_http_port']),
+                                                (v['common_host_ip'], v['vllm_store_ssd_service_port'])]))
     if in_group(host, 'vllm_router'):
         # The router binds its cluster address unless vllm_router_host says otherwise (roles/vllm_router).
         units.append(('vllm-router', [(str(v.get('vllm_router_host') or v['common_host_ip']), v['vllm_router_port']),
@@ -51,8 +65,11 @@ def test_units_active_enabled_listening(host):
 
 # Wildcard binds the bundle cannot narrow, each written in an upstream binary: Mooncake's transfer engine
 # RPC/handshake ports (its range; the firewall admits only the KV peers) and the master's HTTP metadata server
-# (on only in store mode with the http metadata backend; the firewall admits only the store clients).
-UPSTREAM_WILDCARD_VARS = {'mooncake_rpc_port_min..mooncake_rpc_port_max', 'mooncake_master_http_metadata_port'}
+# (on only in store mode with the http metadata backend; the firewall admits only the store clients), and the SSD store
+# client's HTTP server and disk-read RPC (mooncake_client: 0.0.0.0, the latter on a kernel-picked port; the firewall
+# admits the monitoring hosts and the store clients).
+UPSTREAM_WILDCARD_VARS = {'mooncake_rpc_port_min..mooncake_rpc_port_max', 'mooncake_master_http_metadata_port',
+                          'vllm_store_ssd_http_port', 'vllm_store_ssd_offload_rpc_port_min..vllm_store_ssd_offload_rpc_port_max'}
 
 
 def listener_table(host):
@@ -60,7 +77,7 @@ def listener_table(host):
     firewall and preflight read."""
     v = hvars(host)
     name = v['inventory_hostname']
-    roles = BUNDLE.host_roles(name, groups(host))
+    roles = dict(BUNDLE.host_roles(name, groups(host)), store_ssd=store_ssd_deployed(host))
     out = []
     for ls in BUNDLE.host_listeners(BUNDLE.host_cfg(name, {name: v}), roles):
         out.append((int(ls['port']), int(ls['last'] if ls['last'] is not None else ls['port']), ls))

@@ -155,6 +155,15 @@ FAILING = {
                                ['mooncake_master_http_metadata_server="sometimes" on ctl-1']),
     "booleans_master_ha": ("ctl-1", with_vars("ctl-1", mooncake_master_ha="maybe"), None,
                            ['mooncake_master_ha="maybe" on ctl-1']),
+    "booleans_master_offload": ("ctl-1", with_vars("ctl-1", mooncake_master_offload="sometimes"), None,
+                                ['mooncake_master_offload="sometimes" on ctl-1', "auto (on when a host runs"]),
+    "sizes_store_ssd_watermarks": ("gpu-p1", with_vars("gpu-p1", vllm_store_tier=True, vllm_store_ssd=True,
+                                                       vllm_store_ssd_high_watermark=0.5, vllm_store_ssd_low_watermark=0.7),
+                                   None, ["vllm_store_ssd_low_watermark=0.7 and vllm_store_ssd_high_watermark=0.5 on gpu-p1",
+                                          "0 < low < high <= 1"]),
+    "kv_mode_store_ssd_tier": ("ctl-1", with_vars("gpu-p1", vllm_store_ssd=True), None,
+                               ["vllm_store_ssd is true on gpu-p1, which run no store tier",
+                                "Fix: set vllm_store_tier: true there, or vllm_store_ssd: false"]),
     "args_tokens": ("gpu-p1", with_vars("gpu-p1", vllm_extra_args=["--gpu-memory-utilization 0.9"]), None,
                     ["vllm_extra_args=", "without whitespace"]),
     "ips_host_ip": ("gpu-p1", with_vars("gpu-p1", common_host_ip="gpu-p1.example.com"), None,
@@ -307,6 +316,15 @@ FAILING = {
     "monitoring_grafana": ("mon-1", with_vars("mon-1", monitoring_grafana_token="glsa_x"), MON_GROUPS,
                            ["monitoring_grafana_token is set on mon-1 (value not shown) but monitoring_grafana_url is empty"]),
 }
+
+
+def test_ssd_sizes_are_checked_only_where_the_ssd_tier_runs():
+    bad = dict(vllm_store_ssd_capacity="lots", vllm_store_ssd=True)
+    out = run("sizes_parse", with_vars("gpu-p1", vllm_store_tier=True, **bad), host="gpu-p1")
+    assert out and 'vllm_store_ssd_capacity="lots" on gpu-p1 is not a memory size' in out[0]
+    assert run("sizes_parse", with_vars("gpu-p1", **bad), host="gpu-p1") == []  # no tier: kv_mode_store_ssd_tier's
+    assert run("sizes_store_ssd_watermarks", with_vars("gpu-p1", vllm_store_tier=True, vllm_store_ssd=True),
+               host="gpu-p1") == []
 
 
 def test_every_check_has_a_failing_case():

@@ -48,3 +48,28 @@ def test_segments_back_needs_every_client_active_and_mounted():
     assert not st.segments_back(text.replace("remount_segment_requests_total 2", "remount_segment_requests_total 1"), 2)
     assert not st.segments_back(text.replace("active_clients 2", "active_clients 1"), 2)
     assert not st.segments_back(None, 2)
+
+
+def test_segments_back_with_ssd_counts_the_segment_owners_apart_from_the_clients():
+    # 2 instances (no segment: standalone-store) + 1 host store client that owns the segment
+    text = "master_active_clients 3\nmaster_mount_segment_requests_total 0\nmaster_remount_segment_requests_total 1\n"
+    assert st.segments_back(text, 3, 1)
+    assert not st.segments_back(text, 3)
+    assert not st.segments_back(text.replace("active_clients 3", "active_clients 2"), 3, 1)
+
+
+def _ssd(**kw):
+    s = {"leader": "etcd1", "evict_goal": 51.0, "evicted_mem": 60.0, "fillers": 7, "mem_objects_before": 10.0,
+         "seconds": 20.0, "file_hits": 31.0}
+    s.update(kw)
+    return s
+
+
+def test_the_ssd_proof_needs_the_blocks_evicted_and_served_from_ssd():
+    assert st.tier_problems(_r(ssd=_ssd())) == []
+    out = st.tier_problems(_r(ssd=_ssd(evicted_mem=40.0)))
+    assert out and "evicted 40 objects from memory, not the 51" in out[0]
+    out = st.tier_problems(_r(ssd=_ssd(file_hits=3.0)))
+    assert out and "served 3 hits from SSD, not the prompt's 31 blocks" in out[0]
+    # loaded from memory after all (no eviction happened): both misses are named
+    assert len(st.tier_problems(_r(ssd=_ssd(evicted_mem=0.0, file_hits=0.0)))) == 2
