@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The reuse benchmark's CSV and PNG from playbooks/benchmark.yml's JSON (benchmark_workload=reuse): per store tier
-(on/off) and router policy, prefill tokens computed / a perfect cache's, the store tier's tokens (memory; SSD:
-no tier yet), decode's tokens by transfer and found locally, TTFT p50/p99 and requests/s; then, per policy, the
+(on/off) and router policy, prefill tokens computed / a perfect cache's, the store tier's tokens by tier (memory,
+SSD: the masters' SSD hits, one per block), decode's tokens by transfer and found locally, TTFT p50/p99 and requests/s; then, per policy, the
 ratios without / with the tier (side by side in one run). Runs on the controller (matplotlib, requirements.txt).
 
   reuse_report.py reuse-<time>.json reuse-<time>.csv reuse-<time>.png
@@ -23,11 +23,20 @@ def rows_of(results):
     out = []
     for r in results:
         row = {k: r.get(k) for k in COLS}
-        row["store_memory_tokens"] = r.get("prefill_store_tokens")
+        row["store_memory_tokens"], row["store_ssd_tokens"] = store_tiers(r)
         row["router_prefix_decisions"] = " ".join(f"{k}={v:.0f}" for k, v in sorted((r.get("router_decisions") or {}).items()))
-        row["store_ssd_tokens"] = ""  # no SSD tier yet (docs/routing.md), and vLLM's counters do not split the tiers
         out.append(row)
     return out
+
+
+def store_tiers(r):
+    """(memory, SSD) tokens of the store's hits. vLLM counts them together (prefill's external tokens); the masters
+    count the SSD hits in blocks (store_ssd_hits), so SSD = those blocks in tokens, capped by the total."""
+    total = r.get("prefill_store_tokens")
+    if total is None:
+        return None, None
+    ssd = min(float(r.get("store_ssd_hits") or 0) * float(r.get("block_size") or 0), float(total))
+    return float(total) - ssd, ssd
 
 
 def ratios(rows):

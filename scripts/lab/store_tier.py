@@ -16,8 +16,8 @@ twice the objects memory holds plus the prompt's blocks (master_evicted_key_coun
 A's prompt up meanwhile, so its blocks are the oldest); B must then load them all and the master count at least that
 many hits served from SSD (file_cache_hit_nums_).
 With --master-kill, the master leader is killed (SIGKILL) between 2 and 3 (after the fillers), and B asks once another
-master leads and every store client is back on it (its /metrics: active clients, segments mounted or remounted by
-their owners): the index must have survived the failover (mooncake_master_oplog) for B to find A's blocks.
+master leads and every segment owner is back on it (its /metrics: active clients, segments mounted or remounted; with
+SSD the owners are the hosts' store clients, the instances give no memory): the index must have survived the failover (mooncake_master_oplog) for B to find A's blocks.
 Counts, not times: the goal is deterministic. Both requests go to the instances directly (not through a router:
 the routers' cache_aware would rightly send the second to A).
 
@@ -106,13 +106,13 @@ def master_counters(text):
     return {name: float(value) for name, value in MASTER_COUNTER_RE.findall(text or "")}
 
 
-def segments_back(text, clients, owners=None):
-    """Whether a master's /metrics says every store client is back: `clients` active clients, and the `owners`
-    (default: all of them) whose segments it mounted or remounted (a new leader knows the index from the OpLog, the
-    segments from the clients). With SSD offload the instances own no segment: the hosts' store clients do."""
+def segments_back(text, owners):
+    """Whether a master's /metrics says every segment owner is back: `owners` active clients, each of whose segment it
+    mounted or remounted (a new leader knows the index from the OpLog, the segments from their owners). A client
+    that gives no memory (an instance behind an SSD store client: standalone-store) is not counted as active."""
     vals = master_counters(text)
     mounted = vals.get("master_mount_segment_requests_total", 0) + vals.get("master_remount_segment_requests_total", 0)
-    return vals.get("master_active_clients", 0) >= clients and mounted >= (clients if owners is None else owners)
+    return vals.get("master_active_clients", 0) >= owners and mounted >= owners
 
 
 def leader_of(lab):
@@ -146,7 +146,7 @@ def evict_with_fillers(lab, host, ip, port, model, blocks, words, limit):
             "mem_objects_before": c0.get("mem_cache_nums_", 0), "seconds": round(time.monotonic() - t0, 1)}
 
 
-def master_failover(lab, limit, clients, owners=None):
+def master_failover(lab, limit, owners):
     """Kill -9 the master leader; wait until another master leads and every store client's segment is back on it.
     Returns what happened (raises if no master leads, or the segments do not come back, within limit s)."""
     masters, port = lab.hosts("mooncake_master"), lab.var("mooncake_master_metrics_port")
@@ -166,7 +166,7 @@ def master_failover(lab, limit, clients, owners=None):
         raise RuntimeError(f"no other master leads {limit} s after {leader} was killed: {roles(masters)}")
     led = round(time.monotonic() - t0, 1)
     while time.monotonic() - t0 < limit:
-        if segments_back(http_get(new, f"http://{lab.ips[new]}:{port}/metrics"), clients, owners):
+        if segments_back(http_get(new, f"http://{lab.ips[new]}:{port}/metrics"), owners):
             break
         time.sleep(0.5)
     else:
@@ -219,10 +219,10 @@ def main(argv=None):
     put_s = round(time.monotonic() - t0, 1)
     ssd = evict_with_fillers(lab, ha, lab.ips[ha], pa, model, want_keys, args.words, args.evict_wait) \
         if args.ssd and ok_a else None
-    # With SSD offload each prefill host's store client is a client too, and the segments are theirs.
-    ssd_hosts = sorted({h for h, _, _ in prefills}) if args.ssd else []
-    failover = master_failover(lab, args.failover_wait, len(prefills) + len(ssd_hosts),
-                               len(ssd_hosts) or None) if args.master_kill and ok_a else None
+    # With SSD offload the segments are the hosts' store clients' (one per prefill host); the instances own none, and
+    # the master counts only segment owners as active clients.
+    owners = len({h for h, _, _ in prefills}) if args.ssd else len(prefills)
+    failover = master_failover(lab, args.failover_wait, owners) if args.master_kill and ok_a else None
     leader = leader_of(lab) if ssd else None
     f0 = leader_counters(lab, leader).get("file_cache_hit_nums_", 0) if leader else 0
     ok_b, usage_b = complete(hb, lab.ips[hb], pb, model, prompt)

@@ -1,12 +1,13 @@
 """plugins/filter/monitoring.py (bundle_scrape_targets) on inventory/prod's structure (ansible-inventory --list, as
-tests/render/test_render_prod.py reads it): every vLLM instance, router, master, etcd member and bundle host is a
-target exactly once, at the address and port the bundle's own definitions give (bundle_vllm_endpoints,
+tests/render/test_render_prod.py reads it): every vLLM instance, router, master, SSD-tier store client, etcd member
+and bundle host is a target exactly once, at the address and port the bundle's own definitions give (bundle_vllm_endpoints,
 bundle_host_cfg, bundle_host_listeners), never a port of its own; etcd over https only when etcd runs TLS."""
 import copy
 import importlib.util
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,8 +33,10 @@ def by_target(job):
 
 
 def monitoring_ports(groups, hv, host):
-    """{port: why} of the host's listeners the firewall opens to the monitoring class (bundle_host_listeners)."""
-    return {int(e['port']): e['why'] for e in bf.host_listeners(bf.host_cfg(host, hv), bf.host_roles(host, groups))
+    """{port: why} of the host's listeners the firewall opens to the monitoring class (bundle_host_listeners, with
+    the roles roles/firewall/vars/main.yml gives it: store_ssd on bundle_store_ssd_hosts)."""
+    roles = dict(bf.host_roles(host, groups), store_ssd=host in bf.store_ssd_hosts(groups, hv))
+    return {int(e['port']): e['why'] for e in bf.host_listeners(bf.host_cfg(host, hv), roles)
             if 'monitoring' in e['sources']}
 
 
@@ -53,7 +56,7 @@ def test_every_vllm_instance_once_with_its_pool_and_name(prod):
 
 
 @pytest.mark.parametrize('job,group', [('vllm', None), ('vllm_router', 'vllm_router'), ('mooncake_master', 'mooncake_master'),
-                                       ('etcd', 'etcd'), ('node', None), ('prometheus', 'monitoring'),
+                                       ('mooncake_store_client', 'vllm_prefill'), ('etcd', 'etcd'), ('node', None), ('prometheus', 'monitoring'),
                                        ('alertmanager', 'monitoring')])
 def test_metrics_ports_are_the_ones_the_firewall_opens_to_monitoring(prod, job, group):
     """One fact, one place: each scraped metrics port is a listener of bundle_host_listeners with source monitoring."""
@@ -79,6 +82,40 @@ def test_router_and_master_ports_follow_the_inventory(prod):
     assert '10.10.0.42:29555' in by_target(jobs['vllm_router'])
     assert '10.10.0.12:9555' in by_target(jobs['mooncake_master'])
     assert '10.10.0.11:%s' % bf.host_cfg('ctl-1', hv)['mooncake_master_metrics_port'] in by_target(jobs['mooncake_master'])
+
+
+def test_store_client_on_every_ssd_host_at_its_http_port(prod):
+    """inventory/prod runs the SSD tier on every prefill host: each one's mooncake-store-client, nothing else."""
+    groups, hv = prod
+    assert bf.store_ssd_hosts(groups, hv) == groups['vllm_prefill']
+    hv = copy.deepcopy(hv)
+    hv['gpu-p2']['vllm_store_ssd_http_port'] = 9555
+    got = by_target(mon.scrape_targets(groups, hv)['mooncake_store_client'])
+    assert got == {'10.10.1.21:%s' % bf.host_cfg('gpu-p1', hv)['vllm_store_ssd_http_port']:
+                   {'host': 'gpu-p1', 'instance': 'gpu-p1'},
+                   '10.10.1.22:9555': {'host': 'gpu-p2', 'instance': 'gpu-p2'}}
+
+
+@pytest.mark.parametrize('var', ['vllm_store_ssd', 'vllm_store_tier'])
+def test_no_store_client_target_without_the_ssd_tier(prod, var):
+    groups, hv = prod
+    hv = copy.deepcopy(hv)
+    hv['gpu-p2'][var] = False
+    jobs = mon.scrape_targets(groups, hv)
+    assert [t['labels']['host'] for t in jobs['mooncake_store_client']['targets']] == ['gpu-p1']
+    assert mon.STORE_SSD_UNIT not in mon.monitored_units('gpu-p2', groups, hv)
+
+
+def test_store_client_unit_is_monitored_on_ssd_hosts_only(prod):
+    """UnitDown covers mooncake-store-client where it runs; its name is the vllm role's (roles/vllm/vars/main.yml)."""
+    groups, hv = prod
+    vllm_vars = yaml.safe_load((REPO / 'roles' / 'vllm' / 'vars' / 'main.yml').read_text())
+    assert mon.STORE_SSD_UNIT == vllm_vars['_vllm_store_ssd_unit']
+    for host in groups['vllm_prefill']:
+        assert mon.STORE_SSD_UNIT in mon.monitored_units(host, groups, hv)
+        assert '|%s)[.]service' % mon.STORE_SSD_UNIT in mon.unit_include(host, groups, hv)
+    for host in groups['vllm_decode'] + groups['mooncake_master'] + groups['monitoring']:
+        assert mon.STORE_SSD_UNIT not in mon.monitored_units(host, groups, hv)
 
 
 def test_etcd_members_over_https_with_the_client_certificate_when_tls(prod):

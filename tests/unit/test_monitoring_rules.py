@@ -3,7 +3,10 @@ defaults as Ansible renders it, checked by the real promtool (`promtool check ru
 (`promtool test rules tests/monitoring/rules_test.yml`: each alert fires on its firing case and stays quiet on its
 quiet one). An alert without both cases there fails, as does a runbook without its row in README.md, a threshold
 that does not reach the expression, and a machine without promtool (scripts/install-deps.sh installs it): these
-tests never skip."""
+tests never skip. A default that is a template over the inventory (monitoring_store_ssd_used_ratio_max) is rendered
+with the bundle's filters, for an inventory without SSD hosts unless a test gives one."""
+import copy
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -18,8 +21,20 @@ RULES_TEST = REPO / 'tests' / 'monitoring' / 'rules_test.yml'
 PROMTOOL = shutil.which('promtool') or '/usr/bin/promtool'
 
 
-def defaults():
-    return yaml.safe_load((REPO / 'roles' / 'monitoring' / 'defaults' / 'main.yml').read_text())
+_spec = importlib.util.spec_from_file_location('mon_rules_bundle', REPO / 'plugins' / 'filter' / 'bundle.py')
+bf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bf)
+
+
+def defaults(groups=None, hostvars=None):
+    """The role's defaults; the templated ones rendered as Ansible renders them for the inventory (groups, hostvars)."""
+    v = yaml.safe_load((REPO / 'roles' / 'monitoring' / 'defaults' / 'main.yml').read_text())
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters.update(bundle_store_ssd_hosts=bf.store_ssd_hosts, bundle_host_cfg=bf.host_cfg)
+    for key, value in v.items():
+        if isinstance(value, str) and ('{{' in value or '{%' in value):
+            v[key] = yaml.safe_load(env.from_string(value).render(groups=groups or {}, hostvars=hostvars or {}))
+    return v
 
 
 def render_rules(**overrides):
@@ -67,7 +82,7 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
     names = [a['alert'] for a in alerts(render_rules())]
     assert len(names) == len(set(names))
     assert set(names) >= {'TargetDown', 'MasterLeaderFlapping', 'RecomputeRising', 'EtcdNoLeader', 'EtcdFsyncSlow',
-                          'TTFTP99AboveSLO'}
+                          'TTFTP99AboveSLO', 'StoreSSDAboveHighWatermark'}
     missing = []
     for name in names:
         mine = [c for c in cases if c['alertname'] == name]
@@ -92,6 +107,7 @@ def test_every_alert_has_a_runbook_row_in_the_readme():
     ('monitoring_ttft_p99_slo_seconds', 10.0, 'TTFTP99AboveSLO'),
     ('monitoring_recompute_share_max', 0.3, 'RecomputeRising'),
     ('monitoring_master_leader_changes_max', 6, 'MasterLeaderFlapping'),
+    ('monitoring_store_ssd_used_ratio_max', 0.97, 'StoreSSDAboveHighWatermark'),
 ])
 def test_thresholds_come_from_the_role_variables(tmp_path, var, value, alert):
     """The firing case of rules_test.yml stops firing when its threshold moves past it: the variable reaches the rule."""
@@ -132,3 +148,32 @@ def test_no_alert_watches_a_share_that_prefix_cache_hits_lower():
                      if r.get('record') == 'pd:decode_recompute_share:rate5m')
     assert 'local_cache_hit' not in recompute and 'source=~"local_compute|external_kv_transfer"' in recompute
     assert 'monitoring_kv_transfer_share_min' not in defaults()
+
+
+def test_store_ssd_threshold_is_the_ssd_hosts_high_watermark(prod_inventory):
+    """One fact, one place: StoreSSDAboveHighWatermark's default threshold is the SSD hosts' (bundle_store_ssd_hosts)
+    vllm_store_ssd_high_watermark, the highest of them, read from their settings; 0.9 without SSD hosts."""
+    groups, hv = prod_inventory
+    ssd = bf.store_ssd_hosts(groups, hv)
+    assert ssd == groups['vllm_prefill']  # inventory/prod runs the SSD tier on every prefill host
+    mark = bf.host_cfg(ssd[0], hv)['vllm_store_ssd_high_watermark']  # the vllm role's default there
+    assert defaults(groups, hv)['monitoring_store_ssd_used_ratio_max'] == mark
+    hv = copy.deepcopy(hv)
+    hv['gpu-p2']['vllm_store_ssd_high_watermark'] = 0.95
+    hv['gpu-d1']['vllm_store_ssd_high_watermark'] = 0.99  # not an SSD host: not read
+    assert defaults(groups, hv)['monitoring_store_ssd_used_ratio_max'] == 0.95
+    expr = next(a['expr'] for a in alerts(render_rules(**defaults(groups, hv))) if a['alert'] == 'StoreSSDAboveHighWatermark')
+    assert expr == 'pd:mooncake_store_ssd_used_ratio > 0.95'
+    for h in ssd:
+        hv[h]['vllm_store_ssd'] = False
+    assert defaults(groups, hv)['monitoring_store_ssd_used_ratio_max'] == 0.9
+
+
+def test_store_rules_read_the_masters_counters_with_max():
+    """With HA masters only the leader's counters and gauges move: every store rule takes the max over the masters."""
+    rules = {(r['record'], (r.get('labels') or {}).get('tier')): r['expr']
+             for g in yaml.safe_load(render_rules())['groups'] for r in g['rules'] if 'record' in r}
+    assert rules[('pd:mooncake_store_hits:rate5m', 'memory')] == 'max(rate(mem_cache_hit_nums_{job="mooncake_master"}[5m]))'
+    assert rules[('pd:mooncake_store_hits:rate5m', 'ssd')] == 'max(rate(file_cache_hit_nums_{job="mooncake_master"}[5m]))'
+    ratio = rules[('pd:mooncake_store_ssd_used_ratio', None)]
+    assert ratio.startswith('max(master_allocated_file_size_bytes{') and '(max(master_total_file_capacity_bytes{' in ratio

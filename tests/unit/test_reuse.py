@@ -83,11 +83,14 @@ def test_reuse_report_rows_and_off_over_on_ratios(tmp_path):
             "decode_local_hit": 900, "requests_per_s": 0.5}
     doc = {"lab": True, "errors": [], "results": [
         dict(base, store_tier="on", policy="round_robin", computed_tokens=3300, computed_over_perfect=1.1,
-             prefill_store_tokens=1200, ttft_p50_ms=100.0, ttft_p99_ms=300.0),
+             prefill_store_tokens=1200, store_ssd_hits=3, block_size=128, ttft_p50_ms=100.0, ttft_p99_ms=300.0),
         dict(base, store_tier="off", policy="round_robin", computed_tokens=4500, computed_over_perfect=1.5,
              prefill_store_tokens=0, ttft_p50_ms=150.0, ttft_p99_ms=330.0)]}
     text, rows = rep.render_csv(doc)
-    assert rows[0]["store_memory_tokens"] == 1200 and rows[0]["store_ssd_tokens"] == ""
+    # 3 SSD hits of 128-token blocks: 384 of the 1200 store tokens came from SSD
+    assert rows[0]["store_memory_tokens"] == 816.0 and rows[0]["store_ssd_tokens"] == 384.0
+    assert rows[1]["store_memory_tokens"] == 0.0 and rows[1]["store_ssd_tokens"] == 0.0
+    assert rep.store_tiers({"prefill_store_tokens": 100, "store_ssd_hits": 5, "block_size": 128}) == (0.0, 100.0)
     assert "LAB RUN" in text
     ratio_line = [ln for ln in text.splitlines() if ln.startswith("off/on,round_robin")][0].split(",")
     assert ratio_line[rep.COLS.index("computed_over_perfect")] == "1.364" and ratio_line[-4:-1] == ["1.5", "1.1", "1.0"]
