@@ -366,6 +366,9 @@ SOURCE_CLASSES = {
     'cluster': 'every bundle host',
 }
 STORE_CONNECTOR = 'MooncakeStoreConnector'
+# The store tier's SSD client unit on bundle_store_ssd_hosts (the vllm role's _vllm_store_ssd_unit; monitoring and
+# status read it here, a unit test checks the role agrees).
+STORE_SSD_UNIT = 'mooncake-store-client'
 
 # The inventory groups of the bundle, each with the role key host_roles gives its hosts.
 BUNDLE_GROUPS = {'etcd': 'etcd', 'mooncake_master': 'master', 'vllm_prefill': 'prefill', 'vllm_decode': 'decode',

@@ -81,7 +81,7 @@ EXTRA_UNITS = {'master': ['mooncake-master-watchdog'], 'entry': ['haproxy', 'kee
 
 
 # The SSD tier's store client, on bundle_store_ssd_hosts (a setting, not an inventory group: no host_roles key).
-STORE_SSD_UNIT = 'mooncake-store-client'
+STORE_SSD_UNIT = _bundle.STORE_SSD_UNIT
 
 
 def monitored_units(host, groups, hostvars):

@@ -1989,6 +1989,7 @@ MONITORING_RANGES = {
     'monitoring_ttft_p99_slo_seconds': (0, None, False, 'seconds, above 0'),
     'monitoring_recompute_share_max': (0, 1, True, 'a share from 0 to 1 (0.1 = 10 %)'),
     'monitoring_master_leader_changes_max': (0, None, True, 'a count, 0 or more'),
+    'monitoring_store_ssd_used_ratio_max': (0, 1, False, 'a share above 0, at most 1 (the SSD tier\'s high watermark)'),
 }
 
 

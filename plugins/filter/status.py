@@ -62,6 +62,8 @@ import time
 _load = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
 _mooncake_etcd = _load('mooncake_etcd')
 _gpu_checks = _load('gpu_checks')
+_bundle = _load('bundle')
+STORE_SSD_UNIT = _bundle.STORE_SSD_UNIT
 
 RED = 'RED'
 OK = 'ok'
@@ -316,6 +318,7 @@ def bundle_status_expected(groups, hostvars):
     """{host: [unit names]}: what the inventory runs on every host, in the table's order."""
     out = {}
     vllm = set(groups.get('vllm_prefill', [])) | set(groups.get('vllm_decode', []))
+    ssd = set(_bundle.store_ssd_hosts(groups, hostvars))
     for h in groups.get('all', []):
         names = []
         if h in groups.get('etcd', []):
@@ -324,6 +327,8 @@ def bundle_status_expected(groups, hostvars):
             names.append('mooncake-master')
         if h in vllm:
             names += ['vllm@%s' % i.get('name') for i in (hostvars[h].get('vllm_instances') or [])]
+        if h in ssd:
+            names.append(STORE_SSD_UNIT)
         if h in groups.get('vllm_router', []):
             names.append('vllm-router')
         out[h] = names
@@ -376,6 +381,15 @@ def bundle_status_host_rows(r):
                          'gpus': inst.get('gpus') or [], 'protocol': r.get('protocol'),
                          'nics': sel.get('nics', inst.get('nics') or []), 'gid_index': sel.get('gid_index'),
                          'rate_gbps': min(rates) if rates else None})
+    if r.get('store_ssd'):
+        # The store's memory and SSD tier on this host: its /health answers {"status": "healthy"}.
+        u, h = _unit(svc, STORE_SSD_UNIT), r.get('store_ssd_health') or {}
+        hj = h.get('json') or {}
+        ok = h.get('status', -1) == 200 and hj.get('status') == 'healthy'
+        rows.append({'unit': STORE_SSD_UNIT, 'state': u.get('state'), 'status': u.get('status'),
+                     'version': ((r.get('master_pip') or {}).get(r.get('master_package')) or [{}])[0].get('version'),
+                     'health': 'healthy' if ok else 'unhealthy: ' + _trunc(hj.get('status') or h.get('msg') or 'no answer', 60),
+                     'health_ok': ok})
     if r.get('router'):
         u, h = _unit(svc, 'vllm-router'), r.get('router_health') or {}
         hj = h.get('json') or {}

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BUNDLE, groups, host_ip, hvars, in_group, listens_as_configured, role_defaults, run_as_root, tcp_listeners, wait_until
+from conftest import (BUNDLE, groups, host_ip, hvars, in_group, listens_as_configured, other_host, role_defaults,
+                      run_as_root, tcp_listeners, wait_until)
 
 PORTS = role_defaults('monitoring_node_exporter_port', 'monitoring_prometheus_port', 'monitoring_alertmanager_port')
 # prometheus.yml's path, as the role defines it (roles/monitoring/vars/main.yml).
@@ -51,14 +52,18 @@ def test_prometheus_and_alertmanager_on_the_cluster_address(host):
     assert run_as_root(host, 'promtool check config %s' % CONFIG).rc == 0
 
 
-def test_every_target_is_up(host):
+def test_every_target_is_up(host, request):
     """Every job of bundle_scrape_targets with hosts in the inventory has its targets in Prometheus, all up."""
     if not in_group(host, 'monitoring'):
         pytest.skip('not a monitoring host')
     g = groups(host)
+    # The SSD tier's store clients: a setting of the prefill hosts (bundle_store_ssd_hosts, which reads every vLLM host
+    # for store mode), not a group.
+    vllm = g.get('vllm_prefill', []) + g.get('vllm_decode', [])
+    ssd = BUNDLE.store_ssd_hosts(g, {h: hvars(other_host(request, h)) for h in vllm})
     want = {'vllm': len(g.get('vllm_prefill', [])) > 0, 'vllm_router': bool(g.get('vllm_router')),
-            'mooncake_master': bool(g.get('mooncake_master')), 'etcd': bool(g.get('etcd')), 'node': True,
-            'prometheus': True, 'alertmanager': True}
+            'mooncake_master': bool(g.get('mooncake_master')), 'mooncake_store_client': bool(ssd),
+            'etcd': bool(g.get('etcd')), 'node': True, 'prometheus': True, 'alertmanager': True}
 
     def targets():
         t = prometheus_get(host, '/api/v1/targets', state='active')['data']['activeTargets']

@@ -38,8 +38,11 @@ def defaults(groups=None, hostvars=None):
 
 
 def render_rules(**overrides):
-    """rules.yml as the role writes it (Ansible's template: trim_blocks), from its defaults and overrides."""
+    """rules.yml as the role writes it (Ansible's template: trim_blocks), from its defaults and overrides, for a fleet
+    with SSD hosts at the vllm role's default high watermark (rules_test.yml's StoreSSDAboveHighWatermark cases)."""
     v = defaults()
+    vllm = yaml.safe_load((REPO / 'roles' / 'vllm' / 'defaults' / 'main.yml').read_text())
+    v['monitoring_store_ssd_used_ratio_max'] = vllm['vllm_store_ssd_high_watermark']
     v.update(overrides)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), trim_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
@@ -152,7 +155,7 @@ def test_no_alert_watches_a_share_that_prefix_cache_hits_lower():
 
 def test_store_ssd_threshold_is_the_ssd_hosts_high_watermark(prod_inventory):
     """One fact, one place: StoreSSDAboveHighWatermark's default threshold is the SSD hosts' (bundle_store_ssd_hosts)
-    vllm_store_ssd_high_watermark, the highest of them, read from their settings; 0.9 without SSD hosts."""
+    vllm_store_ssd_high_watermark, the highest of them, read from their settings; 1.0 without SSD hosts."""
     groups, hv = prod_inventory
     ssd = bf.store_ssd_hosts(groups, hv)
     assert ssd == groups['vllm_prefill']  # inventory/prod runs the SSD tier on every prefill host
@@ -166,7 +169,7 @@ def test_store_ssd_threshold_is_the_ssd_hosts_high_watermark(prod_inventory):
     assert expr == 'pd:mooncake_store_ssd_used_ratio > 0.95'
     for h in ssd:
         hv[h]['vllm_store_ssd'] = False
-    assert defaults(groups, hv)['monitoring_store_ssd_used_ratio_max'] == 0.9
+    assert defaults(groups, hv)['monitoring_store_ssd_used_ratio_max'] == 1.0
 
 
 def test_store_rules_read_the_masters_counters_with_max():

@@ -587,3 +587,30 @@ def test_reported_lines_and_unreachable_ones():
 def test_no_entry_or_monitoring_section_without_those_hosts():
     table = status.bundle_status_table(green_lab())
     assert "Entry (" not in table and "Monitoring (" not in table
+
+
+def test_store_ssd_client_row_and_expected_unit():
+    base = {"host": "p1", "vllm_role": None, "store_ssd": True, "services": _svc("mooncake-store-client"),
+            "master_pip": {"mooncake-transfer-engine-non-cuda": [{"version": "0.3.13"}]},
+            "master_package": "mooncake-transfer-engine-non-cuda",
+            "store_ssd_health": {"status": 200, "json": {"status": "healthy", "code": 0}}}
+    row = status.bundle_status_host_rows(base)[0]
+    assert (row["unit"], row["health"], row["health_ok"], row["version"]) == (
+        "mooncake-store-client", "healthy", True, "0.3.13")
+    down = status.bundle_status_host_rows(dict(base, services={}, store_ssd_health={"status": -1, "msg": "refused"}))[0]
+    assert not down["health_ok"] and down["state"] == "absent" and down["health"] == "unhealthy: refused"
+    # expected only where the store tier runs the SSD client
+    groups = {"all": ["m1", "p1", "d1"], "mooncake_master": ["m1"], "vllm_prefill": ["p1"], "vllm_decode": ["d1"]}
+    hostvars = {"m1": {}, "p1": {"vllm_instances": [{"name": "a"}], "vllm_store_tier": True, "vllm_store_ssd": True},
+                "d1": {"vllm_instances": [{"name": "b"}], "vllm_store_ssd": True}}
+    expected = status.bundle_status_expected(groups, hostvars)
+    assert expected["p1"] == ["vllm@a", "mooncake-store-client"] and expected["d1"] == ["vllm@b"]
+    hostvars["p1"]["vllm_store_tier"] = False
+    assert status.bundle_status_expected(groups, hostvars)["p1"] == ["vllm@a"]
+
+
+def test_store_ssd_unit_name_is_the_vllm_roles():
+    import yaml
+    from pathlib import Path
+    roles_vars = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "vllm" / "vars" / "main.yml").read_text())
+    assert status.STORE_SSD_UNIT == roles_vars["_vllm_store_ssd_unit"]
