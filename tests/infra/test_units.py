@@ -165,12 +165,14 @@ def test_side_channels_listen_on_their_pinned_ports(host):
 
 
 def test_units_run_as_dedicated_users(host):
-    users = {'etcd': 'etcd', 'mooncake-master': 'mooncake', 'vllm-router': 'vllm-router'}
+    users = {'etcd': 'etcd', 'mooncake-master': 'mooncake', 'vllm-router': 'vllm-router',
+             'mooncake-store-client': hvars(host).get('vllm_store_ssd_user', 'mooncake-store')}
     for unit, _ in expected_units(host):
         want = users.get(unit, 'vllm' if unit.startswith('vllm@') else None)
         pid = host.check_output('systemctl show -p MainPID --value %s' % unit)
         assert pid != '0', '%s has no main process' % unit
-        user = host.check_output('ps -o user= -p %s' % pid)
+        # user:32: ps cuts a name longer than 8 characters to 7 and a '+'
+        user = host.check_output('ps -o user:32= -p %s' % pid)
         assert user == want, '%s runs as %s, expected %s' % (unit, user, want)
 
 
