@@ -823,16 +823,18 @@ def kv_mode_store_tier_master(hostvars, groups, specs, host):
 
 @check('kv_mode', scope='fleet')
 def kv_mode_store_ssd_tier(hostvars, groups, specs, host):
-    """vllm_store_ssd is the store tier's SSD: on a prefill host without the tier (or in store mode) it would do
-    nothing, silently."""
+    """vllm_store_ssd is the store tier's SSD: on a prefill host without the tier it would do nothing, silently.
+    Store mode ignores both (as vllm_store_tier: the lab's store-mode converge keeps the inventory's settings)."""
+    if _store_mode(hostvars, groups):
+        return []
     tier = _tier_hosts(hostvars, groups) if groups.get('mooncake_master') else []
     lone = [h for h, cfg in _cfgs(hostvars, (groups or {}).get('vllm_prefill') or [])
             if _truthy(cfg.get('vllm_store_ssd')) and h not in tier]
     if not lone:
         return []
     return ['vllm_store_ssd is true on %s, which run no store tier (checked on %s): the SSD tier sits behind the store '
-            'tier\'s memory (P2P mode, vllm_store_tier: true, a mooncake_master group). Fix: set vllm_store_tier: true '
-            'there, or vllm_store_ssd: false.' % (', '.join(lone), host)]
+            'tier\'s memory (vllm_store_tier: true and a mooncake_master group; store mode ignores both). Fix: set '
+            'vllm_store_tier: true there, or vllm_store_ssd: false.' % (', '.join(lone), host)]
 
 
 @check('kv_mode', scope='fleet')

@@ -227,6 +227,16 @@ def kv_connectors(kv):
     return [kv.get('kv_connector')]
 
 
+def store_ssd_deployed(host):
+    """Whether host should run mooncake-store-client: a prefill host with vllm_store_ssd whose instances run the store
+    tier as deployed (MultiConnector; a converge into store mode turns the tier, and so the client, off)."""
+    v = hvars(host)
+    if not in_group(host, 'vllm_prefill') or not v.get('vllm_store_ssd') or not v.get('vllm_instances'):
+        return False
+    kv = deployed_kv_config(host, v['vllm_instances'][0]['name'])
+    return kv.get('kv_connector') == 'MultiConnector' and 'MooncakeStoreConnector' in kv_connectors(kv)
+
+
 def other_host(request, name):
     """A testinfra host for another inventory host, with the same inventory and connection."""
     import testinfra

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import (BUNDLE, groups, host_ip, hvars, in_group, listens_as_configured, other_host, role_defaults,
-                      run_as_root, tcp_listeners, wait_until)
+                      run_as_root, store_ssd_deployed, tcp_listeners, wait_until)
 
 PORTS = role_defaults('monitoring_node_exporter_port', 'monitoring_prometheus_port', 'monitoring_alertmanager_port')
 # prometheus.yml's path, as the role defines it (roles/monitoring/vars/main.yml).
@@ -57,10 +57,9 @@ def test_every_target_is_up(host, request):
     if not in_group(host, 'monitoring'):
         pytest.skip('not a monitoring host')
     g = groups(host)
-    # The SSD tier's store clients: a setting of the prefill hosts (bundle_store_ssd_hosts, which reads every vLLM host
-    # for store mode), not a group.
-    vllm = g.get('vllm_prefill', []) + g.get('vllm_decode', [])
-    ssd = BUNDLE.store_ssd_hosts(g, {h: hvars(other_host(request, h)) for h in vllm})
+    # The SSD tier's store clients: a setting of the prefill hosts, as deployed (a store-mode converge turns them off
+    # without touching the inventory).
+    ssd = [h for h in g.get('vllm_prefill', []) if store_ssd_deployed(other_host(request, h))]
     want = {'vllm': len(g.get('vllm_prefill', [])) > 0, 'vllm_router': bool(g.get('vllm_router')),
             'mooncake_master': bool(g.get('mooncake_master')), 'mooncake_store_client': bool(ssd),
             'etcd': bool(g.get('etcd')), 'node': True, 'prometheus': True, 'alertmanager': True}

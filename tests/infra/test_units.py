@@ -3,19 +3,9 @@ import shlex
 
 import pytest
 
-from conftest import (BUNDLE, INSTANCE_KEY_FILE, ROUTER_KEY_FILE, bearer_secrets, check_output_masked, deployed_kv_config, groups, hvars, in_group, kv_connectors,
+from conftest import (BUNDLE, store_ssd_deployed, INSTANCE_KEY_FILE, ROUTER_KEY_FILE, bearer_secrets, check_output_masked, deployed_kv_config, groups, hvars, in_group, kv_connectors,
                       instance_auth_headers, instance_key_configured, listens_as_configured, parse_ss_rows,
                       router_key_configured, run_as_root, tcp_listeners)
-
-
-def store_ssd_deployed(host):
-    """Whether host should run mooncake-store-client: a prefill host with vllm_store_ssd whose instances run the store
-    tier as deployed (MultiConnector; a converge into store mode turns the tier, and so the client, off)."""
-    v = hvars(host)
-    if not in_group(host, 'vllm_prefill') or not v.get('vllm_store_ssd') or not v.get('vllm_instances'):
-        return False
-    kv = deployed_kv_config(host, v['vllm_instances'][0]['name'])
-    return kv.get('kv_connector') == 'MultiConnector' and 'MooncakeStoreConnector' in kv_connectors(kv)
 
 
 def expected_units(host):

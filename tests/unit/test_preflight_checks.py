@@ -318,6 +318,13 @@ FAILING = {
 }
 
 
+def test_store_mode_ignores_the_ssd_setting_like_the_tier():
+    inv = with_vars("gpu-p1", vllm_store_ssd=True)
+    for h in ("gpu-p1", "gpu-d1"):
+        inv[h]["vllm_kv_connector"] = "MooncakeStoreConnector"
+    assert run("kv_mode_store_ssd_tier", inv) == []
+
+
 def test_ssd_sizes_are_checked_only_where_the_ssd_tier_runs():
     bad = dict(vllm_store_ssd_capacity="lots", vllm_store_ssd=True)
     out = run("sizes_parse", with_vars("gpu-p1", vllm_store_tier=True, **bad), host="gpu-p1")
