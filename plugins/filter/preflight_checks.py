@@ -243,34 +243,35 @@ def groups_master_ha_etcd(hostvars, groups, specs, host):
 
 # --- settings of every host ---------------------------------------------------------------------------
 
-@check('booleans')
-def booleans_master_ha(cfg, host, groups, specs):
-    """auto or a boolean: a union its spec (type raw) cannot declare."""
-    value = cfg.get('mooncake_master_ha', 'auto')
+def _auto_or_bool(cfg, var, host, fix):
+    """auto or a boolean: a union its spec (type raw) cannot declare. fix: how the message says to set it."""
+    value = cfg.get(var, 'auto')
     if str(value) == 'auto' or _pf.is_boollike(value):
         return []
-    return ['mooncake_master_ha=%s on %s is not supported. Fix: set mooncake_master_ha to auto (HA when 2+ masters), '
-            'true or false.' % (_j(value), host)]
+    return ['%s=%s on %s is not supported. Fix: %s' % (var, _j(value), host, fix)]
+
+
+@check('booleans')
+def booleans_master_ha(cfg, host, groups, specs):
+    return _auto_or_bool(cfg, 'mooncake_master_ha', host,
+                         'set mooncake_master_ha to auto (HA when 2+ masters), true or false.')
 
 
 @check('booleans')
 def booleans_master_offload(cfg, host, groups, specs):
-    """auto or a boolean (type raw in its spec)."""
-    value = cfg.get('mooncake_master_offload', 'auto')
-    if not _roles(host, groups)['master'] or str(value) == 'auto' or _pf.is_boollike(value):
+    if not _roles(host, groups)['master']:
         return []
-    return ['mooncake_master_offload=%s on %s is not supported. Fix: set mooncake_master_offload to auto (on when a host '
-            'runs the store tier\'s SSD client, vllm_store_ssd), true or false.' % (_j(value), host)]
+    return _auto_or_bool(cfg, 'mooncake_master_offload', host,
+                         'set mooncake_master_offload to auto (on when a host runs the store tier\'s SSD client, '
+                         'vllm_store_ssd), true or false.')
 
 
 @check('booleans')
 def booleans_http_metadata(cfg, host, groups, specs):
-    """auto or a boolean (type raw, as mooncake_master_ha)."""
-    value = cfg.get('mooncake_master_http_metadata_server', 'auto')
-    if not _roles(host, groups)['master'] or str(value) == 'auto' or _pf.is_boollike(value):
+    if not _roles(host, groups)['master']:
         return []
-    return ['mooncake_master_http_metadata_server=%s on %s is not supported. Fix: set it to auto (on only in store mode '
-            'with the http metadata backend), true or false.' % (_j(value), host)]
+    return _auto_or_bool(cfg, 'mooncake_master_http_metadata_server', host,
+                         'set it to auto (on only in store mode with the http metadata backend), true or false.')
 
 
 @check('args')

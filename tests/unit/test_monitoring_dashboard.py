@@ -85,13 +85,18 @@ def test_every_series_is_a_recording_rule_or_an_exported_metric():
     assert used <= records and used, sorted(used - records)
 
 
-def test_the_kv_transfer_row_shows_the_prefix_cache_hit_rate_per_pool():
-    """Issue 30: decode's own prefix-cache hits are the best case, shown beside the KV transfer, never alerted on."""
+def row_exprs(title):
+    """The queries of the panels under the dashboard row titled title (up to the next row)."""
     panels = dashboard()['panels']
     rows = [i for i, p in enumerate(panels) if p['type'] == 'row']
-    start = next(i for i in rows if panels[i]['title'] == 'KV transfer')
+    start = next(i for i in rows if panels[i]['title'] == title)
     row = panels[start + 1:next(i for i in rows if i > start)]
-    exprs = [t['expr'] for p in row for t in p.get('targets') or []]
+    return [t['expr'] for p in row for t in p.get('targets') or []]
+
+
+def test_the_kv_transfer_row_shows_the_prefix_cache_hit_rate_per_pool():
+    """Issue 30: decode's own prefix-cache hits are the best case, shown beside the KV transfer, never alerted on."""
+    exprs = row_exprs('KV transfer')
     assert 'pd:vllm_prefix_cache_hit_rate:rate5m{role=~"$pool"}' in exprs
     records = {r['record'] for g in yaml.safe_load(render_rules())['groups'] for r in g['rules'] if 'record' in r}
     assert 'pd:vllm_prefix_cache_hit_rate:rate5m' in records
@@ -99,9 +104,5 @@ def test_the_kv_transfer_row_shows_the_prefix_cache_hit_rate_per_pool():
 
 def test_the_kv_transfer_row_shows_the_store_tiers():
     """The store's hits by tier (memory, SSD) and the SSD tier's used share (alert StoreSSDAboveHighWatermark)."""
-    panels = dashboard()['panels']
-    rows = [i for i, p in enumerate(panels) if p['type'] == 'row']
-    start = next(i for i in rows if panels[i]['title'] == 'KV transfer')
-    row = panels[start + 1:next(i for i in rows if i > start)]
-    exprs = [t['expr'] for p in row for t in p.get('targets') or []]
+    exprs = row_exprs('KV transfer')
     assert {'pd:mooncake_store_hits:rate5m', 'pd:mooncake_store_ssd_used_ratio'} <= set(exprs)
