@@ -371,8 +371,10 @@ STORE_CONNECTOR = 'MooncakeStoreConnector'
 STORE_SSD_UNIT = 'mooncake-store-client'
 
 # The inventory groups of the bundle, each with the role key host_roles gives its hosts.
+# vllm_spare (issue 32): hosts with vLLM and Mooncake installed that serve nothing until the inventory moves them
+# into vllm_prefill or vllm_decode (a scale-out then only starts the instance).
 BUNDLE_GROUPS = {'etcd': 'etcd', 'mooncake_master': 'master', 'vllm_prefill': 'prefill', 'vllm_decode': 'decode',
-                 'vllm_router': 'router', 'entry': 'entry', 'monitoring': 'monitoring'}
+                 'vllm_spare': 'spare', 'vllm_router': 'router', 'entry': 'entry', 'monitoring': 'monitoring'}
 
 
 def bundle_hosts(groups):
@@ -431,8 +433,8 @@ def host_packages(host, groups, hostvars):
     firewall where firewall_enabled), once each, in role order: playbooks/packages.yml's one apt transaction."""
     roles = host_roles(host, groups)
     runs = {'firewall': _truthy(host_cfg(host, hostvars).get('firewall_enabled'), False) and host in bundle_hosts(groups),
-            'node_exporter': roles['node_exporter'], 'etcd': roles['etcd'], 'mooncake': roles['engine'],
-            'vllm': roles['vllm'], 'router': roles['router'], 'entry': roles['entry'], 'monitoring': roles['monitoring']}
+            'node_exporter': roles['node_exporter'], 'etcd': roles['etcd'], 'mooncake': roles['engine'] or roles['spare'],
+            'vllm': roles['vllm'] or roles['spare'], 'router': roles['router'], 'entry': roles['entry'], 'monitoring': roles['monitoring']}
     out = []
     for role, on in runs.items():
         if on:
