@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling molecule-test rdma-test clean
+.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-scale molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -104,6 +104,11 @@ lab-reuse: venv
 
 lab-store-tier: venv
 	mkdir -p lab-results && $(PY) scripts/lab/store_tier.py --ssd --master-kill --out lab-results/store-tier.json
+
+# Issue 32: the spare host joins and leaves vllm_decode, then vllm_prefill, under load (playbooks/scale.yml), then
+# the ratio advisor (playbooks/advisor.yml) on the traffic it saw.
+lab-scale: venv
+	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/scale-test.py --out lab-results/scale.json --advisor
 
 lab-rolling: venv
 	ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) scripts/lab/rolling-test.sh $(CURDIR)/lab-results

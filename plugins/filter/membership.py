@@ -17,6 +17,7 @@ add_prefill_server / add_decode_server that runs query_mooncake_bootstrap for a 
 - router_membership:  a router's /workers answer against the wanted prefills and decodes: remove (live), add (restart),
   unhealthy, and in_sync.
 - vllm_env_endpoint:  {url, prefill} of an instance from its env file (retiring one the inventory no longer has).
+- bootstrap_query_url: a prefill's Mooncake bootstrap /query URL (a joining prefill must answer it first).
 - membership_problems: one line per difference, for status (red) and the converge's read-back.
 """
 
@@ -60,6 +61,12 @@ def vllm_env_endpoint(env_text):
             'prefill': 'VLLM_MOONCAKE_BOOTSTRAP_PORT' in env}
 
 
+def bootstrap_query_url(prefill):
+    """The Mooncake bootstrap /query URL of a prefill ({url, bootstrap_port}): what the router asks at its start."""
+    host = str(prefill['url']).split('://', 1)[-1].rsplit(':', 1)[0]
+    return 'http://%s:%s/query' % (host, prefill['bootstrap_port'])
+
+
 def _want(prefills, decodes):
     want = {}
     for p in prefills or []:
@@ -88,7 +95,7 @@ def router_membership(workers, prefills, decodes, bootstrap=True):
         t = want.get(url)
         if t is None or t['type'] != w.get('worker_type') or (
                 bootstrap and t['type'] == 'prefill' and t['bootstrap_port'] is not None
-                and str(w.get('bootstrap_port')) != str(t['bootstrap_port'])):
+                and w.get('bootstrap_port') is not None and str(w.get('bootstrap_port')) != str(t['bootstrap_port'])):
             remove.append(url)
     for url, t in want.items():
         if url not in have or url in remove:
@@ -112,6 +119,7 @@ class FilterModule(object):
             'bundle_router_flags': router_flags,
             'bundle_router_env_flags': router_env_flags,
             'bundle_vllm_env_endpoint': vllm_env_endpoint,
+            'bundle_bootstrap_query_url': bootstrap_query_url,
             'bundle_router_membership': router_membership,
             'bundle_membership_problems': membership_problems,
         }

@@ -145,6 +145,16 @@ def inventory_changes(advice, spare_hosts, per_host):
     return lines
 
 
+def prom_scalars(results):
+    """{name: float or None} from the uri results of instant queries looped over dict2items (item.key, json): the
+    first sample's value, None where the query returned nothing or NaN."""
+    out = {}
+    for r in results or []:
+        data = ((r.get('json') or {}).get('data') or {}).get('result') or []
+        out[r['item']['key']] = _f(data[0]['value'][1]) if data else None
+    return out
+
+
 class FilterModule(object):
     def filters(self):
-        return {'bundle_ratio_advice': ratio_advice}
+        return {'bundle_ratio_advice': ratio_advice, 'bundle_prom_scalars': prom_scalars}

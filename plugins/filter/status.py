@@ -397,10 +397,13 @@ def bundle_status_host_rows(r):
         pre, dec = hj.get('prefill'), hj.get('decode')
         counts = (' (prefill %s/%s, decode %s/%s)' % (pre.get('healthy'), pre.get('total'), dec.get('healthy'), dec.get('total'))
                   if isinstance(pre, dict) and isinstance(dec, dict) else '')
+        # Its workers against the inventory (plugins/filter/membership.py): red while they differ (issue 32).
+        members = list(r.get('router_membership') or [])
         rows.append({'unit': 'vllm-router', 'state': u.get('state'), 'status': u.get('status'),
                      'version': ((r.get('router_pip') or {}).get('vllm-router') or [{}])[0].get('version'),
-                     'health': ('ready' if status == 200 else 'readiness %s' % status) + counts,
-                     'health_ok': status == 200})
+                     'health': ('ready' if status == 200 else 'readiness %s' % status) + counts
+                     + ('; membership differs: ' + _trunc('; '.join(members), 120) if members else ''),
+                     'health_ok': status == 200 and not members})
     return [dict(row, host=r.get('host')) for row in rows]
 
 

@@ -79,3 +79,7 @@ def test_vllm_env_endpoint_reads_what_the_routers_know():
     assert m.vllm_env_endpoint(env) == {"url": "http://172.30.0.21:8100", "prefill": True}
     dec = "SERVE_BIND_HOST=172.30.0.31\nSERVE_PORT=8200\nVLLM_HOST_IP=172.30.0.31\n"
     assert m.vllm_env_endpoint(dec) == {"url": "http://172.30.0.31:8200", "prefill": False}
+
+
+def test_bootstrap_query_url():
+    assert m.bootstrap_query_url(P0) == "http://10.0.0.21:8998/query"

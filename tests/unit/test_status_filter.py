@@ -191,6 +191,17 @@ def test_host_rows_from_probe_results():
     assert rows["vllm-router"]["health"] == "ready (prefill 1/1, decode 2/2)"
 
 
+def test_router_row_is_red_while_its_workers_differ_from_the_inventory():
+    r = {"host": "r1", "router": True, "services": _svc("vllm-router"),
+         "router_health": {"status": 200, "json": {"prefill": {"healthy": 1, "total": 1}, "decode": {"healthy": 2, "total": 2}}},
+         "router_membership": ["r1: router lacks decode http://10.0.0.33:8200 from the inventory"]}
+    row = status.bundle_status_host_rows(r)[0]
+    assert not row["health_ok"]
+    assert row["health"] == ("ready (prefill 1/1, decode 2/2); membership differs: "
+                             "r1: router lacks decode http://10.0.0.33:8200 from the inventory")
+    assert status.bundle_status_host_rows(dict(r, router_membership=[]))[0]["health_ok"]
+
+
 def test_host_rows_say_what_failed():
     r = {"host": "h2", "etcd": True, "master": True, "vllm_role": "decode", "router": True, "services": {},
          "etcd_health": {"status": -1, "msg": "Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] "
