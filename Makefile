@@ -108,7 +108,7 @@ lab-store-tier: venv
 # Issue 32: the spare host joins and leaves vllm_decode, then vllm_prefill, under load (playbooks/scale.yml), then
 # the ratio advisor (playbooks/advisor.yml) on the traffic it saw.
 lab-scale: venv
-	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/scale-test.py --out lab-results/scale.json --advisor
+	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/scale-test.py --out lab-results/scale.json --advisor --max-overhead 200
 
 lab-rolling: venv
 	ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) scripts/lab/rolling-test.sh $(CURDIR)/lab-results

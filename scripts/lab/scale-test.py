@@ -116,7 +116,7 @@ def main(argv=None):
         print("[scale] the lab does not serve before the test", file=sys.stderr)
         return 1
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    results = os.path.dirname(args.out)
+    results = os.path.dirname(os.path.abspath(args.out))
     stop = tempfile.mktemp()
     t_start = time.time()
     loader = subprocess.Popen([sys.executable, os.path.join(HERE, "load.py"), "--url", client, "--model", model,
@@ -157,13 +157,35 @@ def main(argv=None):
         took = time.time() - t0
         step = {"name": name, "group": group, "kind": kind, "rc": rc, "playbook_s": round(took, 1), "log": log,
                 "router_pids_before": before}
+        if kind == "out" and group == "vllm_prefill" and rc == 0:
+            # cache_aware (the lab's prefill policy) keeps sending a prefix where it was computed, and at this load
+            # never balances onto an empty prefill (measured: 8 concurrent fresh prompts, 7 went to one instance, 0 to
+            # the new one). To see the routers route to the new one, the other prefill instances are drained for a
+            # moment (the rolling restart's drain file: /health 503) while the load runs, then put back.
+            others = [(h, n) for h, n, _ in lab.instances(("vllm_prefill",))]
+            for h, n in others:
+                sh(h, "touch", "/run/vllm-%s/drain" % n)
+            watcher.join(timeout=90)
+            for h, n in others:
+                sh(h, "rm", "-f", "/run/vllm-%s/drain" % n)
+            step["others_drained_for_s"] = round(time.time() - t0 - took, 1)
+            # Back in every router's rotation before the next step (the router's health checks, every 2 s).
+            for _ in range(60):
+                healthy = [w for r in routers for w in json.loads(sh(r, "curl", "-s", "-m", "3", "http://%s:%s/workers" % (
+                    lab.ips[r], lab.var("vllm_router_port"))).stdout or "{}").get("workers", []) if w.get("is_healthy")]
+                if len(healthy) == len(routers) * (len(lab.instances()) + 1):
+                    break
+                time.sleep(1)
         if kind == "out":
             watcher.join(timeout=60)
             done.set()
             started, load_s = model_load(spare, unit, t0)
             step.update(model_load_s=None if load_s is None else round(load_s, 1),
                         unit_started_after_s=None if started is None else round(started - t0, 1),
-                        scale_out_s=None if "t" not in first else round(first["t"] - t0, 1),
+                        # A prefill: the playbook's end (every router read back with it healthy); it takes requests
+                        # once the others are drained (above). A decode: its first finished request.
+                        scale_out_s=(round(took, 1) if group == "vllm_prefill" else
+                                     None if "t" not in first else round(first["t"] - t0, 1)),
                         served=(success_count(spare, url) or 0.0) - (base or 0.0))
         step["router_pids_after"] = router_pids(routers)
         step["routers_restarted"] = sorted(r for r in routers if before[r] != step["router_pids_after"][r])
@@ -192,7 +214,7 @@ def main(argv=None):
            "latency_p50_s": summary.get("latency_p50_s"), "latency_p99_s": summary.get("latency_p99_s"),
            "problems": problems}
     if args.advisor:
-        adv_out = os.path.join(results, "advisor.json")
+        adv_out = os.path.join(results, "advisor.json")  # absolute: the copy runs on the controller, elsewhere
         res = subprocess.run([os.path.join(REPO, ".venv", "bin", "ansible-playbook"), "-i", inv,
                               os.path.join(REPO, "playbooks", "advisor.yml"), "-e", "advisor_minutes=10",
                               "-e", "advisor_out=" + adv_out], capture_output=True, text=True, cwd=REPO)

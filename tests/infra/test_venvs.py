@@ -21,7 +21,8 @@ def canonical(name):
 def venvs(host):
     """The venv directories this host's roles build (bundle.VENVS: mooncake on engine hosts, vllm, router)."""
     v = dict(VENV_DEFAULTS, **hvars(host))
-    vllm = in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode')
+    # A vllm_spare host is provisioned like a vLLM host (issue 32): its venvs are ready for a scale-out.
+    vllm = in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode') or in_group(host, 'vllm_spare')
     out = []
     if vllm or in_group(host, 'mooncake_master'):
         out.append(v['mooncake_venv'])
