@@ -85,6 +85,16 @@ def decode_from_load(now, itl_p99, itl_target, kv_usage, kv_max):
     return max(1, _ceil(now * factor)), 'load factor %.2f (%s)' % (factor, which)
 
 
+def _sized(now, sweep, fallback_basis, fallback):
+    """One pool: the sweep's answer (sweep: None where there is no traffic to size), else the fallback's, which says
+    why the sweep gave none."""
+    need, why = sweep() if sweep else (None, 'no traffic')
+    if need is not None:
+        return {'now': now, 'need': need, 'basis': 'sweep', 'why': why}
+    need, fallback_why = fallback()
+    return {'now': now, 'need': need, 'basis': fallback_basis, 'why': '%s (%s)' % (fallback_why, why)}
+
+
 def ratio_advice(obs, targets, curves=None, now=None, spare_hosts=None, per_host=None):
     """obs: {rate (req/s), prompt_tokens, output_tokens (means per request), ttft_p99, prefill_queue_p99, itl_p99,
     decode_kv_usage (0..1, the pool's highest), running, waiting}; targets: {ttft_p99, itl_p99, kv_max (default
@@ -96,24 +106,18 @@ def ratio_advice(obs, targets, curves=None, now=None, spare_hosts=None, per_host
     kv_max = _f(targets.get('kv_max'), 0.9)
     rate = _f(obs.get('rate'), 0.0)
     out = {}
-    need, why = (None, 'no traffic')
-    if rate > 0 and _f(obs.get('prompt_tokens')):
-        need, why = prefill_from_curve(curves.get('prefill'), rate, _f(obs['prompt_tokens']), ttft_t)
-    basis = 'sweep' if need is not None else 'queue'
-    if need is None:
-        fallback = why
-        need, why = prefill_from_queue(now.get('prefill'), _f(obs.get('ttft_p99')), _f(obs.get('prefill_queue_p99')), ttft_t)
-        why = '%s (%s)' % (why, fallback)
-    out['prefill'] = {'now': now.get('prefill'), 'need': need, 'basis': basis, 'why': why}
-    need, why = (None, 'no traffic')
-    if rate > 0 and _f(obs.get('output_tokens')):
-        need, why = decode_from_curve(curves.get('decode'), rate, _f(obs['output_tokens']), itl_t)
-    basis = 'sweep' if need is not None else 'load'
-    if need is None:
-        fallback = why
-        need, why = decode_from_load(now.get('decode'), _f(obs.get('itl_p99')), itl_t, _f(obs.get('decode_kv_usage')), kv_max)
-        why = '%s (%s)' % (why, fallback)
-    out['decode'] = {'now': now.get('decode'), 'need': need, 'basis': basis, 'why': why}
+    out['prefill'] = _sized(
+        now.get('prefill'),
+        (lambda: prefill_from_curve(curves.get('prefill'), rate, _f(obs['prompt_tokens']), ttft_t))
+        if rate > 0 and _f(obs.get('prompt_tokens')) else None,
+        'queue',
+        lambda: prefill_from_queue(now.get('prefill'), _f(obs.get('ttft_p99')), _f(obs.get('prefill_queue_p99')), ttft_t))
+    out['decode'] = _sized(
+        now.get('decode'),
+        (lambda: decode_from_curve(curves.get('decode'), rate, _f(obs['output_tokens']), itl_t))
+        if rate > 0 and _f(obs.get('output_tokens')) else None,
+        'load',
+        lambda: decode_from_load(now.get('decode'), _f(obs.get('itl_p99')), itl_t, _f(obs.get('decode_kv_usage')), kv_max))
     out['changes'] = inventory_changes(out, spare_hosts or [], per_host)
     p, d = out['prefill']['need'], out['decode']['need']
     out['ratio'] = '%s:%s' % (p if p is not None else '?', d if d is not None else '?')
