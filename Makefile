@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-scale molecule-test rdma-test clean
+.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test oldest-core-test collection static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-scale molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -42,9 +42,22 @@ render-manifest: venv
 preflight-test: venv
 	$(call timed,preflight-test,$(PY) -m pytest -q tests/preflight)
 
+# The oldest ansible-core of meta/runtime.yml (requirements-oldest-core.txt, a venv of its own): inventory/prod renders
+# byte-identically to the newest's manifest, and every preflight case holds. The newest end is the rest of `static`.
+OLDEST_VENV := .venv-oldest-core
+$(OLDEST_VENV)/.done: requirements-oldest-core.txt
+	python3 -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q -r requirements-oldest-core.txt
+	touch $@
+
+oldest-core-test: venv $(OLDEST_VENV)/.done
+	$(call timed,oldest-core-test,PATH=$(abspath $(OLDEST_VENV))/bin:$$PATH \
+		ANSIBLE_COLLECTIONS_PATH=$$($(PY) -c 'import ansible_collections,os;print(os.path.dirname(ansible_collections.__path__[0]))') \
+		$(OLDEST_VENV)/bin/python -m pytest -q tests/core_range tests/preflight -k "core_range or legal_")
+
 # Tier 1: no hosts needed, a quarter of an hour on 2 cores. `make test` runs its parts two at a time
 # (-j2): each part is mostly one process, so one alone leaves a core idle.
-static: lint unit render-test preflight-test
+static: lint unit render-test preflight-test oldest-core-test
 
 LAB := scripts/lab/molecule.sh
 LAB_ENV := PD_LAB_VENV=$(abspath $(VENV))

@@ -39,9 +39,9 @@
   variable (status, the firewall, the mooncake role's view of the masters) read it here, so no
   literal copy of another role's default exists anywhere.
 """
+import importlib.util
 import os
 import re
-import runpy
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -742,7 +742,13 @@ _DEFAULTS_CACHE = {}
 
 
 # plugins/filter/NAME.py as a module (filter plugins are not a package): the one loader, siblings.load.
-_sibling = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
+# siblings.py by path with importlib (runpy.run_path asks sys.path_hooks first: in an installed collection Ansible's
+# collection path hook takes the file for a package directory).
+_siblings_spec = importlib.util.spec_from_file_location(
+    '_pd_bundle_filter_siblings', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))
+_siblings = importlib.util.module_from_spec(_siblings_spec)
+_siblings_spec.loader.exec_module(_siblings)
+_sibling = _siblings.load
 
 
 def _preflight():

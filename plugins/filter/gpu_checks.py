@@ -4,11 +4,17 @@ Inputs are the facts of plugins/modules/gpu_facts.py (ansible_facts.gpu) and a h
 names the host, the variable or fact, its value and the fix. Run by roles/gpu (tasks/preflight.yml) and the rdma
 role's preflight, on vllm_platform=cuda hosts only.
 """
+import importlib.util
 import os
 import re
-import runpy
 
-_sibling = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
+# siblings.py by path with importlib (runpy.run_path asks sys.path_hooks first: in an installed collection Ansible's
+# collection path hook takes the file for a package directory).
+_siblings_spec = importlib.util.spec_from_file_location(
+    '_pd_bundle_filter_siblings', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))
+_siblings = importlib.util.module_from_spec(_siblings_spec)
+_siblings_spec.loader.exec_module(_siblings)
+_sibling = _siblings.load
 
 # CUDA major -> oldest Linux driver that runs it (minor version compatibility). Source: NVIDIA CUDA Toolkit
 # Release Notes, table 3 "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version

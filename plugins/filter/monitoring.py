@@ -25,10 +25,16 @@ Jobs (JOBS order):
 Every target carries labels host (inventory name) and instance (the host, or host/instance for vLLM), so alerts
 and dashboards name inventory hosts, not addresses. A job without hosts has an empty target list.
 """
+import importlib.util
 import os
-import runpy
 
-_load = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
+# siblings.py by path with importlib (runpy.run_path asks sys.path_hooks first: in an installed collection Ansible's
+# collection path hook takes the file for a package directory).
+_siblings_spec = importlib.util.spec_from_file_location(
+    '_pd_bundle_filter_siblings', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))
+_siblings = importlib.util.module_from_spec(_siblings_spec)
+_siblings_spec.loader.exec_module(_siblings)
+_load = _siblings.load
 _bundle = _load('bundle')
 _status = _load('status')
 

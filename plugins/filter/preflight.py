@@ -30,9 +30,13 @@ import yaml
 
 try:
     from ansible.errors import AnsibleFilterError
+    from ansible.utils.unsafe_proxy import wrap_var
 except ImportError:  # unit tests run without ansible
     class AnsibleFilterError(Exception):
         pass
+
+    def wrap_var(value):
+        return value
 
 _TEMPLATE_MARKERS = ('{{', '{%')
 _BOOL_STRINGS = {'true', 'false', 'yes', 'no', 'on', 'off', '1', '0'}
@@ -235,7 +239,10 @@ def role_files(roles_dir):
             if os.path.isfile(path):
                 specs.append({'role': role, 'path': path})
                 break
-    return {'defaults': defaults, 'specs': specs}
+    # Data, never templates: a default such as "{{ common_host_ip }}" stays text. ansible-core 2.19 trusts no string a
+    # filter returns; 2.18 templates a variable's strings each time the variable is read, and would resolve (or fail
+    # on) the roles' own defaults here. wrap_var (public, ansible.utils.unsafe_proxy) marks them as data on both.
+    return wrap_var({'defaults': defaults, 'specs': specs})
 
 
 class _Loader(yaml.SafeLoader):
@@ -270,7 +277,10 @@ def load_roles(roles_dir, role_groups=None):
                                            os.path.basename(entry['path'])),
                       'groups': list((role_groups or {}).get(entry['role']) or ['all']),
                       'options': main.get('options') or {}})
-    return {'defaults': defaults, 'specs': specs}
+    # Data, never templates: a default such as "{{ common_host_ip }}" stays text. ansible-core 2.19 trusts no string a
+    # filter returns; 2.18 templates a variable's strings each time the variable is read, and would resolve (or fail
+    # on) the roles' own defaults here. wrap_var (public, ansible.utils.unsafe_proxy) marks them as data on both.
+    return wrap_var({'defaults': defaults, 'specs': specs})
 
 
 # How a spec failure names the declared type and its fix (types themselves live only in the specs).

@@ -20,14 +20,20 @@ Inputs are plain data:
             fits; the fleet checks read each host's cfg and its address as bundle_host_ip does)
 - skip:     preflight_skip, the check classes not to run (each check belongs to one class, CHECKS below)
 """
+import importlib.util
 import json
 import os
 import re
-import runpy
 from urllib.parse import urlsplit
 
 # plugins/filter/NAME.py as a module (filter plugins are not a package): the one loader, siblings.load.
-_sibling = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))['load']
+# siblings.py by path with importlib (runpy.run_path asks sys.path_hooks first: in an installed collection Ansible's
+# collection path hook takes the file for a package directory).
+_siblings_spec = importlib.util.spec_from_file_location(
+    '_pd_bundle_filter_siblings', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))
+_siblings = importlib.util.module_from_spec(_siblings_spec)
+_siblings_spec.loader.exec_module(_siblings)
+_sibling = _siblings.load
 
 
 _pf = _sibling('preflight')

@@ -81,8 +81,12 @@ import os
 import re
 import xml.etree.ElementTree as ET
 
-from ansible.module_utils.sysfs import index_in_pci_order, is_gpu_class, nvidia_pci_functions, parse_int, \
-    pci_numa_node, read_text
+try:  # the installed collection (ansible-galaxy collection install)
+    from ansible_collections.pd_bundle.serving.plugins.module_utils.sysfs import (
+        index_in_pci_order, is_gpu_class, nvidia_pci_functions, parse_int, pci_numa_node, read_text)
+except ImportError:  # a clone: ansible.cfg's module_utils = ./plugins/module_utils
+    from ansible.module_utils.sysfs import (  # type: ignore[no-redef]
+        index_in_pci_order, is_gpu_class, nvidia_pci_functions, parse_int, pci_numa_node, read_text)
 
 try:
     from ansible.module_utils.basic import AnsibleModule
