@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test oldest-core-test collection static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-scale molecule-test rdma-test clean
+.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test core-range-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-scale molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -42,22 +42,34 @@ render-manifest: venv
 preflight-test: venv
 	$(call timed,preflight-test,$(PY) -m pytest -q tests/preflight)
 
-# The oldest ansible-core of meta/runtime.yml (requirements-oldest-core.txt, a venv of its own): inventory/prod renders
-# byte-identically to the newest's manifest, and every preflight case holds. The newest end is the rest of `static`.
+# Both ends of meta/runtime.yml's ansible-core range, each in a clean venv of its own (ansible-core and pytest only):
+# the collection built, installed and inventory/prod rendered through pd_bundle.serving.render from a directory
+# without ansible.cfg, byte-identical to the manifest (tests/core_range). The oldest end also runs the legal
+# preflight cases from the clone; the newest runs every case in preflight-test. The Galaxy collections the roles
+# use come from the project venv's `ansible` package (PD_GALAXY_DEPS).
 OLDEST_VENV := .venv-oldest-core
+NEWEST_VENV := .venv-newest-core
 $(OLDEST_VENV)/.done: requirements-oldest-core.txt
 	python3 -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install -q -r requirements-oldest-core.txt
 	touch $@
 
-oldest-core-test: venv $(OLDEST_VENV)/.done
-	$(call timed,oldest-core-test,PATH=$(abspath $(OLDEST_VENV))/bin:$$PATH \
-		ANSIBLE_COLLECTIONS_PATH=$$($(PY) -c 'import ansible_collections,os;print(os.path.dirname(ansible_collections.__path__[0]))') \
-		$(OLDEST_VENV)/bin/python -m pytest -q tests/core_range tests/preflight -k "core_range or legal_")
+# The newest end is requirements.txt's own ansible-core pin (and pytest), read from there.
+$(NEWEST_VENV)/.done: requirements.txt
+	python3 -m venv $(NEWEST_VENV)
+	$(NEWEST_VENV)/bin/python -m pip install -q $$(grep -E '^(ansible-core|pytest)[=<>]' requirements.txt | sed 's/ *#.*//')
+	touch $@
+
+GALAXY_DEPS = $$($(PY) -c 'import ansible_collections,os;print(os.path.dirname(ansible_collections.__path__[0]))')
+core-range-test: venv $(OLDEST_VENV)/.done $(NEWEST_VENV)/.done
+	$(call timed,core-range-test,export PD_GALAXY_DEPS=$(GALAXY_DEPS); \
+		PD_CORE_END=oldest PATH=$(abspath $(OLDEST_VENV))/bin:$$PATH ANSIBLE_COLLECTIONS_PATH=$(CURDIR)/collections:$$PD_GALAXY_DEPS \
+			$(OLDEST_VENV)/bin/python -m pytest -q tests/core_range tests/preflight -k "core_range or legal_" \
+		&& PD_CORE_END=newest PATH=$(abspath $(NEWEST_VENV))/bin:$$PATH $(NEWEST_VENV)/bin/python -m pytest -q tests/core_range)
 
 # Tier 1: no hosts needed, a quarter of an hour on 2 cores. `make test` runs its parts two at a time
 # (-j2): each part is mostly one process, so one alone leaves a core idle.
-static: lint unit render-test preflight-test oldest-core-test
+static: lint unit render-test preflight-test core-range-test
 
 LAB := scripts/lab/molecule.sh
 LAB_ENV := PD_LAB_VENV=$(abspath $(VENV))
@@ -93,7 +105,7 @@ LAB_RO_ENTRY_MAX_RATIO ?= 2.0
 LAB_BENCH_VARS ?= {"benchmark_input_lens":[128,512,1536],"benchmark_num_prompts":6,"benchmark_max_concurrency":2,"benchmark_output_len":16}
 lab-bench: venv
 	$(LAB_PLAY) playbooks/benchmark.yml -e '$(LAB_BENCH_VARS)'
-	$(LAB_PLAY) playbooks/router-overhead.yml -e router_overhead_requests=20 -e router_overhead_max_ratio=$(LAB_RO_MAX_RATIO) \
+	$(LAB_PLAY) playbooks/router_overhead.yml -e router_overhead_requests=20 -e router_overhead_max_ratio=$(LAB_RO_MAX_RATIO) \
 		-e router_overhead_entry_max_ratio=$(LAB_RO_ENTRY_MAX_RATIO)
 
 # The reuse benchmark (issue 31): per router policy, with and without the store tier, CSV + PNG in benchmark-results/.

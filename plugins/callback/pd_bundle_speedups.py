@@ -25,10 +25,14 @@
 #    that was already unreachable is kept.
 import datetime
 import gc
+import importlib
 import importlib.util
 import marshal
 import sys
 import zipfile
+from pathlib import Path
+
+import yaml
 
 from ansible.executor import module_common
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -140,6 +144,31 @@ def warm_module_of(plugin):
         warm()
 
 
+def bundle_collection():
+    """NAMESPACE.NAME of the collection this file belongs to: from its path in an installed collection
+    (.../ansible_collections/NS/NAME/plugins/callback/), else from the clone's galaxy.yml."""
+    parts = Path(__file__).parts
+    if len(parts) > 6 and parts[-6] == 'ansible_collections':
+        return '%s.%s' % (parts[-5], parts[-4])
+    meta = yaml.safe_load((Path(__file__).resolve().parents[2] / 'galaxy.yml').read_text())
+    return '%s.%s' % (meta['namespace'], meta['name'])
+
+
+def import_collection_filters():
+    """1 and 3 for the bundle's own filters (the collection's, which the templates name by FQCN and loader.all()
+    does not list): each file imported under the module name Ansible's loader gives it, so a worker finds it in
+    sys.modules instead of executing it again."""
+    package = 'ansible_collections.%s.plugins.filter' % bundle_collection()
+    for path in sorted((Path(__file__).resolve().parents[1] / 'filter').glob('*.py')):
+        if path.stem == '__init__':
+            continue
+        module = importlib.import_module('%s.%s' % (package, path.stem))
+        warm = getattr(module, 'pd_bundle_warm', None)
+        if callable(warm) and id(module) not in _WARMED:
+            _WARMED.add(id(module))
+            warm()
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = 'aggregate'
@@ -151,6 +180,7 @@ class CallbackModule(CallbackBase):
         for loader in (filter_loader, test_loader):
             for plugin in loader.all():  # fills the loader's cache of non-collection plugins
                 warm_module_of(plugin)
+        import_collection_filters()
         install_module_bytecode()
         install_uri_lazy_tmp()
         freeze_heap()

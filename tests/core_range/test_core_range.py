@@ -1,24 +1,31 @@
-"""The ansible-core range of meta/runtime.yml, both ends tested.
+"""The ansible-core range of meta/runtime.yml, both ends tested, through the collection as users install it.
 
-Run by `make oldest-core-test` with the oldest end's venv (requirements-oldest-core.txt), after `make static` ran the
-whole static tier on the newest (requirements.txt): the same render of inventory/prod, byte for byte (the committed
-manifest), and the preflight cases (tests/preflight, run next by the same target). A venv that runs another
-ansible-core fails here by name: a missing end is not a silent pass.
+`make core-range-test` runs this file twice, each time in a clean venv that holds only that end's ansible-core and
+pytest (PD_CORE_END names the end): the collection is built from this repository, installed with ansible-galaxy into
+an empty directory, and inventory/prod rendered through `pd_bundle.serving.render` from a directory with no
+ansible.cfg: byte for byte the committed manifest (the repository's own render, tests/render). A venv that runs
+another ansible-core fails here by name: a missing end is not a silent pass.
 """
+import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / 'tests'))
-from conftest import render, render_manifest  # noqa: E402
+from conftest import VAULT_PASS_TEST_ONLY, render_manifest  # noqa: E402
+
+# Each end's pin: its own requirements file (the newest end is the project's).
+END_PINS = {'oldest': 'requirements-oldest-core.txt', 'newest': 'requirements.txt'}
 
 
 def pinned(requirements):
     """The ansible-core==X.Y.Z pin of a requirements file."""
-    m = re.search(r'^ansible-core==([0-9.]+)\s*$', (REPO / requirements).read_text(), re.M)
+    m = re.search(r'^ansible-core==([0-9.]+)\s*(#.*)?$', (REPO / requirements).read_text(), re.M)
     assert m, '%s pins no ansible-core==X.Y.Z' % requirements
     return m.group(1)
 
@@ -31,30 +38,65 @@ def supported_range():
 
 
 def minor(version):
+    """(major, minor) of a version."""
     return tuple(int(p) for p in version.split('.')[:2])
 
 
 def test_the_pins_are_the_ends_of_the_range():
     oldest, below = supported_range()
-    old, new = pinned('requirements-oldest-core.txt'), pinned('requirements.txt')
-    assert minor(old) == minor(oldest), 'requirements-oldest-core.txt pins %s; the range starts at %s' % (old, oldest)
-    assert minor(new) < minor(below) and minor(new) > minor(old), \
-        'requirements.txt pins %s: outside %s..<%s, or not newer than the oldest end' % (new, oldest, below)
-    assert minor(new)[1] - minor(old)[1] >= 1, 'the range must span at least two minor releases'
+    old, new = pinned(END_PINS['oldest']), pinned(END_PINS['newest'])
+    assert minor(old) == minor(oldest), '%s pins %s; the range starts at %s' % (END_PINS['oldest'], old, oldest)
+    assert minor(old) < minor(new) < minor(below), \
+        'requirements.txt pins %s: not newer than the oldest end %s (two minor releases at least), or not below %s' % (
+            new, old, below)
 
 
-def test_this_venv_runs_the_oldest_end():
+def test_this_venv_runs_its_end():
     from ansible.release import __version__
-    want = pinned('requirements-oldest-core.txt')
-    assert __version__ == want, ('ansible-core %s is not tested here: this venv runs %s (make oldest-core-test makes '
-                                 '.venv-oldest-core from requirements-oldest-core.txt)' % (want, __version__))
+    end = os.environ.get('PD_CORE_END')
+    assert end in END_PINS, 'PD_CORE_END=%r: run this through `make core-range-test` (oldest or newest)' % end
+    want = pinned(END_PINS[end])
+    assert __version__ == want, ('ansible-core %s (the %s end) is not tested here: this venv runs %s (make '
+                                 'core-range-test makes .venv-%s-core)' % (want, end, __version__, end))
 
 
-def test_prod_renders_byte_identically_on_the_oldest_end():
-    with tempfile.TemporaryDirectory() as out:
-        res = render(REPO / 'inventory' / 'prod', out)
+def galaxy_name():
+    meta = yaml.safe_load((REPO / 'galaxy.yml').read_text())
+    return meta['namespace'], meta['name'], meta['version']
+
+
+def test_installed_collection_renders_prod_byte_identically():
+    bindir = Path(sys.executable).parent
+    ns, name, version = galaxy_name()
+    # Only what a user's shell has: none of the repository's ANSIBLE_* settings, no ansible.cfg in the directory.
+    env = {k: v for k, v in os.environ.items() if not k.startswith('ANSIBLE_')}
+    deps = os.environ.get('PD_GALAXY_DEPS', '')
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        run = tmp / 'run'
+        run.mkdir()
+        build = subprocess.run([str(bindir / 'ansible-galaxy'), 'collection', 'build', '--output-path', str(tmp), str(REPO)],
+                               cwd=run, env=env, capture_output=True, text=True, timeout=300)
+        assert build.returncode == 0, build.stdout + build.stderr
+        tarball = tmp / ('%s-%s-%s.tar.gz' % (ns, name, version))
+        inst = subprocess.run([str(bindir / 'ansible-galaxy'), 'collection', 'install', '--no-deps', '-p',
+                               str(tmp / 'collections'), str(tarball)],
+                              cwd=run, env=env, capture_output=True, text=True, timeout=300)
+        assert inst.returncode == 0, inst.stdout + inst.stderr
+        installed = tmp / 'collections' / 'ansible_collections' / ns / name
+        # The tarball carries what runs against a fleet, not the labs and tests (galaxy.yml build_ignore).
+        assert (installed / 'playbooks' / 'render.yml').is_file() and not (installed / 'molecule').exists() \
+            and not (installed / 'tests').exists() and not (installed / 'collections').exists()
+        env.update(ANSIBLE_COLLECTIONS_PATH=os.pathsep.join(filter(None, [str(tmp / 'collections'), deps])),
+                   # The inventory's pip-locks/ is data (README: what ansible.cfg sets for a clone).
+                   ANSIBLE_INVENTORY_IGNORE_REGEX='pip-locks', ANSIBLE_NOCOLOR='1',
+                   ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASS_TEST_ONLY))
+        out = tmp / 'render'
+        res = subprocess.run([str(bindir / 'ansible-playbook'), '%s.%s.render' % (ns, name),
+                              '-i', str(REPO / 'inventory' / 'prod'), '-e', 'render_dir=%s' % out],
+                             cwd=run, env=env, capture_output=True, text=True, timeout=900)
         assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
         got = render_manifest(out)
     want = (REPO / 'tests' / 'render' / 'prod-render.sha256').read_text()
     diff = sorted(set(got.splitlines()) ^ set(want.splitlines()), key=lambda l: l.split('  ')[-1])
-    assert got == want, 'inventory/prod renders differently on this ansible-core:\n' + '\n'.join(diff[:40])
+    assert got == want, 'the installed collection renders inventory/prod differently:\n' + '\n'.join(diff[:40])

@@ -44,7 +44,7 @@ def test_every_written_env_variable_is_managed_and_every_managed_one_written():
 
 def test_exec_start_comes_from_the_table():
     unit = _read('templates/vllm/vllm@.service.j2')
-    assert re.search(r'^ExecStart=\{\{ _vllm_python \| bundle_vllm_exec_start \}\}$', unit, re.M)
+    assert re.search(r'^ExecStart=\{\{ _vllm_python \| pd_bundle\.serving\.bundle_vllm_exec_start \}\}$', unit, re.M)
     cmd = mg.vllm_exec_start('/opt/vllm/venv/bin/python')
     assert cmd == ('/opt/vllm/venv/bin/python -m vllm.entrypoints.openai.api_server --model ${SERVE_MODEL} '
                    '--served-model-name ${SERVE_SERVED_MODEL_NAME} --host ${SERVE_BIND_HOST} --port ${SERVE_PORT} '
@@ -64,7 +64,7 @@ def test_every_flag_has_one_way_to_render():
 
 def test_env_template_reads_the_table():
     env_tpl = _read('templates/vllm/instance.env.j2')
-    assert '| bundle_vllm_serve_extra_args(' in env_tpl and '| bundle_vllm_user_env |' in env_tpl
+    assert '| pd_bundle.serving.bundle_vllm_serve_extra_args(' in env_tpl and '| pd_bundle.serving.bundle_vllm_user_env |' in env_tpl
     assert '--max-model-len' not in env_tpl  # the tail flags come from the table
 
 
@@ -72,7 +72,7 @@ def test_mooncake_json_fields_are_the_managed_ones():
     tpl = _read('templates/vllm/mooncake.json.j2')
     fields = set(re.findall(r"^\s+'([a-z_]+)':", tpl, re.M)) - {'global_segment_size', 'local_buffer_size'}
     assert fields == set(mg.MOONCAKE_JSON)
-    assert '| bundle_vllm_user_store_config |' in tpl
+    assert '| pd_bundle.serving.bundle_vllm_user_store_config |' in tpl
 
 
 def test_serve_extra_args_puts_the_tail_last():

@@ -25,7 +25,7 @@ def env():
                            keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     e.filters.update(to_json=json.dumps, to_nice_json=lambda v, indent=4: json.dumps(v, indent=indent, sort_keys=True),
                      to_nice_yaml=lambda v, indent=4: yaml.safe_dump(v, indent=indent, default_flow_style=False),
-                     bundle_host_ip=bf.host_ip)
+                     **{'pd_bundle.serving.bundle_host_ip': bf.host_ip})
     return e
 
 

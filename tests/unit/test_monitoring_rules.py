@@ -30,7 +30,8 @@ def defaults(groups=None, hostvars=None):
     """The role's defaults; the templated ones rendered as Ansible renders them for the inventory (groups, hostvars)."""
     v = yaml.safe_load((REPO / 'roles' / 'monitoring' / 'defaults' / 'main.yml').read_text())
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    env.filters.update(bundle_store_ssd_hosts=bf.store_ssd_hosts, bundle_host_cfg=bf.host_cfg)
+    env.filters.update({'pd_bundle.serving.bundle_store_ssd_hosts': bf.store_ssd_hosts,
+                        'pd_bundle.serving.bundle_host_cfg': bf.host_cfg})
     for key, value in v.items():
         if isinstance(value, str) and ('{{' in value or '{%' in value):
             v[key] = yaml.safe_load(env.from_string(value).render(groups=groups or {}, hostvars=hostvars or {}))

@@ -239,9 +239,7 @@ def test_role_select_sets_instance_selection(tmp_path):
         "        dest: '" + str(tmp_path) + "/{{ inventory_hostname }}.json'\n"
         "        mode: '0644'\n")
     env = dict(os.environ, ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"),
-               ANSIBLE_LIBRARY=os.path.join(REPO, "plugins", "modules"),
-               ANSIBLE_MODULE_UTILS=os.path.join(REPO, "plugins", "module_utils"),
-               ANSIBLE_FILTER_PLUGINS=os.path.join(REPO, "plugins", "filter"),
+               ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, "collections"),
                ANSIBLE_CACHE_PLUGIN="memory", ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([_ansible_playbook(), "-i", str(tmp_path / "inv.json"), str(tmp_path / "play.yml"),
                            "-e", "render_dir=%s" % (tmp_path / "render")],
