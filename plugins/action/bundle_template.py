@@ -21,13 +21,33 @@ parent_dir: {mode, owner, group} (optional; owner and group default to root): th
 these when the stat shows the file missing, instead of a task of its own that costs every run a command on every host
 (a unit's drop-in directory, the firewall's). A directory that exists is left as it is.
 """
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 from ansible.plugins.action.template import ActionModule as TemplateAction
+from ansible.utils.display import Display
 from ansible.utils.hashing import checksum as local_checksum
+
+
+def _private_core():
+    """plugins/plugin_utils/private_core.py (the gate of every private ansible-core use), one copy per process."""
+    name = 'pd_bundle_private_core'
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'plugin_utils', 'private_core.py'))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def speedups_on():
+    """Whether the no-op file path and the render shortcut (both on private ansible-core interfaces) run here."""
+    return _private_core().speedups_on(Display().warning)
 
 RENDER_DROPS = ('owner', 'group', 'validate', 'seuser', 'serole', 'setype', 'selevel')
 
@@ -244,17 +264,37 @@ def systemd_ignoring(path, name):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def make_parent(action, parent, dest, task_vars):
+    """Stock speed (speed-ups off): the task's parent_dir made when missing, with the documented action-plugin call
+    _execute_module (a stat, then the file module). A failed result, else None."""
+    path = os.path.dirname(str(dest))
+    stat = action._execute_module(module_name='ansible.legacy.stat', module_args={'path': path, 'get_checksum': False},
+                                  task_vars=task_vars)
+    if not stat.get('failed') and not stat.get('stat', {}).get('exists'):
+        stat = action._execute_module(module_name='ansible.legacy.file', module_args=dict(parent, path=path),
+                                      task_vars=task_vars)
+    return stat if stat.get('failed') else None
+
+
 class ActionModule(TemplateAction):
     def _early_needs_tmp_path(self):
-        return False  # the copy action it ends with makes one if it sends the file (_copy_lazy_tmp)
+        # With the speed-ups, the copy action it ends with makes one if it sends the file (_copy_lazy_tmp).
+        return False if speedups_on() else super()._early_needs_tmp_path()
 
     def run(self, tmp=None, task_vars=None):
         validate = self._task.args.get('validate')
         rendering = bool((task_vars or {}).get('render_dir'))
         self._task.args = render_args(self._task.args, task_vars or {})
         parent = pop_parent_dir(self._task.args)  # render mode makes parents anyway
-        self._shared_loader_obj = _RenderLoaders(self._shared_loader_obj) if rendering else \
-            _RealLoaders(self._shared_loader_obj, parent)
+        if speedups_on():
+            self._shared_loader_obj = _RenderLoaders(self._shared_loader_obj) if rendering else \
+                _RealLoaders(self._shared_loader_obj, parent)
+        elif parent and not rendering:
+            failed = make_parent(self, parent, self._task.args['dest'], task_vars)
+            if failed:
+                return failed
+        # Speed-ups off: the stock template action (render mode: its copy module writes under render_dir, on the
+        # controller, since render.yml's connection is local).
         result = super().run(tmp, task_vars)
         if rendering and SYSTEMD_VERIFY in str(validate or '') and not result.get('failed'):
             dest = self._task.args['dest']

@@ -105,11 +105,11 @@ def uri_needs_tmp(args):
             or args.get('body_format') == 'form-multipart')
 
 
-def _early_needs_tmp_path(self):
+def uri_early_needs_tmp_path(self):
     return uri_needs_tmp(self._task.args)
 
 
-_early_needs_tmp_path.pd_bundle_speedups = True
+uri_early_needs_tmp_path.pd_bundle_speedups = True
 
 
 def install_uri_lazy_tmp():
@@ -121,7 +121,7 @@ def install_uri_lazy_tmp():
         if cls is not None and cls.__name__ == 'ActionModule':
             classes.add(cls)
     for cls in classes:
-        cls._early_needs_tmp_path = _early_needs_tmp_path
+        cls._early_needs_tmp_path = uri_early_needs_tmp_path
     return classes
 
 
@@ -169,6 +169,22 @@ def import_collection_filters():
             warm()
 
 
+def _private_core():
+    """plugins/plugin_utils/private_core.py, one copy per process (bundle_template loads the same)."""
+    name = 'pd_bundle_private_core'
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parents[1] / 'plugin_utils' / 'private_core.py')
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def speedups_on(warn):
+    return _private_core().speedups_on(warn)
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = 'aggregate'
@@ -177,13 +193,19 @@ class CallbackModule(CallbackBase):
     CALLBACK_NEEDS_ENABLED = False
 
     def v2_playbook_on_start(self, playbook):
+        if speedups_on(self._display.warning):
+            self.install()
+        freeze_heap()  # 5: Python's own gc API, no private ansible-core interface
+
+    @staticmethod
+    def install():
+        """1-4: on private ansible-core interfaces (plugins/plugin_utils/private_core.py lists them)."""
         for loader in (filter_loader, test_loader):
             for plugin in loader.all():  # fills the loader's cache of non-collection plugins
                 warm_module_of(plugin)
         import_collection_filters()
         install_module_bytecode()
         install_uri_lazy_tmp()
-        freeze_heap()
 
     def v2_playbook_on_task_start(self, task, is_conditional):
         freeze_heap()

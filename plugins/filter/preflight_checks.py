@@ -535,6 +535,28 @@ def packages_cpu_guard(cfg, host, groups, specs):
             'inventory (or set it to false).' % (host, cfg.get('vllm_platform'))]
 
 
+# The vLLM and Mooncake versions the bundle's patches (plugins/tools/pd_bundle_*.py, the lab shim) and its Mooncake
+# settings were written and tested for (docs/upgrading.md: what each patch needs, and the upstream change that retires
+# it). {version variable: (host_roles key of the hosts that install it, tested versions, the operator's opt-in)}.
+TESTED_VERSIONS = {
+    'vllm_version': ('vllm', ('0.32.0', '0.33.0'), 'vllm_allow_untested_version'),
+    'mooncake_version': ('engine', ('0.3.13.post1', '0.3.14'), 'mooncake_allow_untested_version'),
+}
+
+
+@check('packages')
+def packages_tested_versions(cfg, host, groups, specs):
+    roles, out = _roles(host, groups), []
+    for var, (role, tested, opt_in) in TESTED_VERSIONS.items():
+        value = str(cfg.get(var, ''))
+        if roles[role] and value not in tested and not _truthy(cfg.get(opt_in), False):
+            out.append('%s=%s on %s: the bundle\'s patches are written and tested for %s only (docs/upgrading.md). Fix: '
+                       'set %s to one of those, or set %s: true to run this version untested (a patch whose target '
+                       'changed still refuses to start, naming itself).' % (var, _j(value), host, ', '.join(tested),
+                                                                             var, opt_in))
+    return out
+
+
 @check('model')
 def model_set(cfg, host, groups, specs):
     model = cfg.get('vllm_model', '')

