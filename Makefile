@@ -68,8 +68,9 @@ core-range-test: venv $(OLDEST_VENV)/.done $(NEWEST_VENV)/.done
 		&& PD_CORE_END=newest PATH=$(abspath $(NEWEST_VENV))/bin:$$PATH $(NEWEST_VENV)/bin/python -m pytest -q tests/core_range)
 
 # Tier 1: no hosts needed, a quarter of an hour on 2 cores. `make test` runs its parts two at a time
-# (-j2): each part is mostly one process, so one alone leaves a core idle.
-static: lint unit render-test preflight-test core-range-test
+# (-j2): each part is mostly one process, so one alone leaves a core idle. Longest first (make starts them in this
+# order): preflight and render side by side, then core-range beside the short ones.
+static: preflight-test render-test core-range-test unit lint
 
 LAB := scripts/lab/molecule.sh
 LAB_ENV := PD_LAB_VENV=$(abspath $(VENV))
