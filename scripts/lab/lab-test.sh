@@ -29,10 +29,11 @@ export PD_LAB_RESULTS=${PD_LAB_RESULTS:-$repo/lab-results/$scenario}
 mkdir -p "$PD_LAB_RESULTS"
 
 "$here/molecule.sh" destroy -s "$scenario" >/dev/null 2>&1 || true
-# A no-change re-run fails the run above this fraction of the first converge (both timed in this run): issue 12's
-# goal, 0.15. The lab re-runs twice and the faster counts (step_times.py; the machine's noise is in one sample).
+# A no-change re-run fails the run above this fraction of the first converge (both timed in this run): issue 33's
+# goal, 0.20 (the speed-ups gated on tested ansible-core versions). Issue 12's older 0.15 is printed as met or not on
+# every run. The lab re-runs twice and the faster counts (step_times.py; the machine's noise is in one sample).
 ratio_goal=()
-[[ $scenario == default ]] && ratio_goal=(--rerun-max-ratio "${PD_LAB_RERUN_MAX_RATIO:-0.15}")
+[[ $scenario == default ]] && ratio_goal=(--rerun-max-ratio "${PD_LAB_RERUN_MAX_RATIO:-0.20}")
 "$here/molecule.sh" test -s "$scenario" --destroy=never 2>&1 | "$py" "$here/step_times.py" --results "$PD_LAB_RESULTS" "${ratio_goal[@]}"
 rc=$(( PIPESTATUS[0] | PIPESTATUS[1] ))
 start=$(date +%s)
