@@ -134,14 +134,18 @@ def freeze_heap():
 _WARMED = set()
 
 
-def warm_module_of(plugin):
+def warm_module(module):
     """3. A filter file's own once-per-process work (its pd_bundle_warm(): bundle.py parses the roles' defaults)
     done here, once, instead of in each worker."""
-    module = sys.modules.get(getattr(getattr(plugin, 'j2_function', None), '__module__', None) or '')
     warm = getattr(module, 'pd_bundle_warm', None)
     if callable(warm) and id(module) not in _WARMED:
         _WARMED.add(id(module))
         warm()
+
+
+def warm_module_of(plugin):
+    """warm_module for the file a loaded filter or test plugin comes from."""
+    warm_module(sys.modules.get(getattr(getattr(plugin, 'j2_function', None), '__module__', None) or ''))
 
 
 def bundle_collection():
@@ -162,11 +166,7 @@ def import_collection_filters():
     for path in sorted((Path(__file__).resolve().parents[1] / 'filter').glob('*.py')):
         if path.stem == '__init__':
             continue
-        module = importlib.import_module('%s.%s' % (package, path.stem))
-        warm = getattr(module, 'pd_bundle_warm', None)
-        if callable(warm) and id(module) not in _WARMED:
-            _WARMED.add(id(module))
-            warm()
+        warm_module(importlib.import_module('%s.%s' % (package, path.stem)))
 
 
 def _private_core():

@@ -56,9 +56,10 @@ def _instance_attribute(cls, name):
     """Whether CLS's __init__ sets self.NAME (for attributes no class defines)."""
     import inspect
     try:
-        return ('self.%s ' % name) in inspect.getsource(cls.__init__) or ('self.%s=' % name) in inspect.getsource(cls.__init__)
+        source = inspect.getsource(cls.__init__)
     except (OSError, TypeError):
         return False
+    return ('self.%s ' % name) in source or ('self.%s=' % name) in source
 
 
 def resolves(module, path):
