@@ -329,7 +329,8 @@ def test_keepalived_config_passes_its_check(tmp_path):
 
 def test_takeover_bonus_favours_the_newest_vip_holder(tmp_path):
     """The rendered takeover script, run as keepalived runs it: full bonus the moment this host holds the VIP, one
-    less per step it keeps it, 0 (and its clock reset) when it does not. 127.0.0.1 is an address this host holds;
+    less per step it keeps it, full again (and its clock reset) when it does not: a new holder's first advert must
+    already outrank a frozen holder's (see the script). 127.0.0.1 is an address this host holds;
     192.0.2.1 (TEST-NET-1) one it does not."""
     internals = yaml.safe_load((REPO / 'roles' / 'entry' / 'vars' / 'main.yml').read_text())
     bonus, step = internals['_entry_takeover_bonus'], internals['_entry_takeover_step']
@@ -351,5 +352,5 @@ def test_takeover_bonus_favours_the_newest_vip_holder(tmp_path):
     assert tick('127.0.0.1') == 0
     (run / 'since').write_text('17963\x00garbage\n')  # a torn write: counts from now, no shell error
     assert tick('127.0.0.1') == bonus
-    assert tick('192.0.2.1') == 0 and not (run / 'since').exists()  # lost it: the next takeover starts afresh
+    assert tick('192.0.2.1') == bonus and not (run / 'since').exists()  # lost it: the next takeover starts afresh
     assert tick('127.0.0.1') == bonus
