@@ -140,6 +140,29 @@ def _below_floor(t):
     return t.get('ok') and t.get('floor_met') is False
 
 
+def _transfer_cells(data):
+    """(prefill host, decode host) -> its verdict, worked out once for the red list and the matrix: verdict ('not
+    run', 'failed', 'low' or 'ok'), results (its instance pairs), worst (the lowest ratio below the floor) and red (the
+    reasons it is red, one per failing instance pair)."""
+    seen, cells = _transfers(data), {}
+    for src in data.get('prefills') or []:
+        for dst in data.get('decodes') or []:
+            results = seen.get((src, dst)) or []
+            low = [r for r in results if _below_floor(r)]
+            red = ['transfer %s -> %s: not run' % (src, dst)] if not results else []
+            for res in results:
+                if not res.get('ok'):
+                    red.append('transfer %s failed: %s' % (_pair_name(res), _txt(res.get('error'))))
+                elif _below_floor(res):
+                    red.append('transfer %s: Mooncake/raw-TCP ratio %s below the floor %s'
+                               % (_pair_name(res), _txt(res.get('ratio')), _txt(res.get('min_ratio'))))
+            verdict = ('not run' if not results else 'failed' if not all(r.get('ok') for r in results)
+                       else 'low' if low else 'ok')
+            cells[(src, dst)] = {'verdict': verdict, 'results': results, 'red': red,
+                                 'worst': min(low, key=lambda r: r.get('ratio') or 0) if low else None}
+    return cells
+
+
 def _etcd_view(data):
     """etcd's master view: the first member's read that succeeded, else why none did."""
     reads = [v for v in data.get('master_views') or [] if v]
@@ -198,18 +221,7 @@ def bundle_status_red(data):
     red.extend('mooncake-master: %s' % p for p in _master_view_red(data))
     red.extend('%s: %s' % (g.get('host'), p) for g in data.get('gpu_hosts') or [] for p in g.get('problems') or [])
     if data.get('transfer_check', True):
-        seen = _transfers(data)
-        for src in data.get('prefills') or []:
-            for dst in data.get('decodes') or []:
-                results = seen.get((src, dst))
-                if not results:
-                    red.append('transfer %s -> %s: not run' % (src, dst))
-                for res in results or []:
-                    if not res.get('ok'):
-                        red.append('transfer %s failed: %s' % (_pair_name(res), _txt(res.get('error'))))
-                    elif _below_floor(res):
-                        red.append('transfer %s: Mooncake/raw-TCP ratio %s below the floor %s'
-                                   % (_pair_name(res), _txt(res.get('ratio')), _txt(res.get('min_ratio'))))
+        red.extend(r for cell in _transfer_cells(data).values() for r in cell['red'])
     red.extend(_vip_problems(data))
     red.extend('%s: %s' % (e.get('host'), p) for e in data.get('entry_hosts') or [] for p in e.get('problems') or [])
     red.extend('%s: %s' % (m.get('host'), p) for m in data.get('monitoring_hosts') or [] for p in m.get('problems') or [])
@@ -276,24 +288,21 @@ def bundle_status_table(data):
             out.append('Transfers: not measured (status_transfer_check=false)')
         else:
             out.append('Transfers prefill -> decode, mooncake-check (GB/s, the slowest instance pair; beside it the link rate, n/a over tcp)')
-            seen, links = _transfers(data), _host_link(units)
+            cells, links = _transfer_cells(data), _host_link(units)
             rows = []
             for src in prefills:
                 row = [src]
                 for dst in decodes:
-                    results = seen.get((src, dst)) or []
-                    low = [r for r in results if _below_floor(r)]
-                    if not results:
-                        row.append('%s not run' % RED)
-                    elif not all(r.get('ok') for r in results):
-                        row.append('%s failed' % RED)
-                    elif low:
-                        worst = min(low, key=lambda r: r.get('ratio') or 0)
+                    cell = cells[(src, dst)]
+                    if cell['verdict'] in ('not run', 'failed'):
+                        row.append('%s %s' % (RED, cell['verdict']))
+                    elif cell['verdict'] == 'low':
+                        worst = cell['worst']
                         row.append('%s ratio %s < %s' % (RED, _txt(worst.get('ratio')), _txt(worst.get('min_ratio'))))
                     else:
                         ends = [links.get(src), links.get(dst)]
                         link = None if None in ends else min(ends)
-                        slowest = min(float(r.get('gbps') or 0) for r in results)
+                        slowest = min(float(r.get('gbps') or 0) for r in cell['results'])
                         row.append('%s / link %s' % (_gbytes(slowest), _gbytes(link)))
                 rows.append(row)
             out.extend(_table(['prefill \\ decode'] + list(decodes), rows))
