@@ -581,14 +581,15 @@ def test_entry_files_named_once_when_relative():
 
 def test_tls_paths_are_the_paths_the_tls_tasks_use():
     """One table: TLS_PATHS holds exactly the path settings the TLS tasks and templates read (etcd: its TLS tasks;
-    entry: its certificate tasks; monitoring: the etcd scrape job's tls_config), each declared by a spec."""
+    entry: its certificate tasks; each passes them to the one chain, roles/common/tasks/tls_issue.yml;
+    monitoring: the etcd scrape job's tls_config), each declared by a spec."""
     import re
 
     def names(pattern, *files):
         return {n for f in files for n in re.findall(pattern, open(os.path.join(REPO, f)).read())}
-    assert names(r'\b(etcd_[a-z_]+_(?:file|dir))\b', 'roles/etcd/tasks/configure_tls.yml', 'roles/etcd/tasks/tls_issue.yml') \
+    assert names(r'\b(etcd_[a-z_]+_(?:file|dir))\b', 'roles/etcd/tasks/configure_tls.yml') \
         == set(pc.TLS_PATHS['etcd']['paths'])
-    assert names(r'\b(entry_tls_[a-z_]+_(?:file|dir))\b', 'roles/entry/tasks/configure.yml', 'roles/entry/tasks/tls_issue.yml') \
+    assert names(r'\b(entry_tls_[a-z_]+_(?:file|dir))\b', 'roles/entry/tasks/configure.yml') \
         == set(pc.TLS_PATHS['entry']['paths'])
     assert names(r'\b(monitoring_[a-z_]+_dir)\b', 'templates/monitoring/scrape_configs.yml.j2') \
         == set(pc.TLS_PATHS['monitoring']['paths'])
