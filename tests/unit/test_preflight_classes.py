@@ -48,9 +48,9 @@ def run_class(skip_class, inv, groups=None):
         if c['id'] not in ids:
             continue
         if c['scope'] == 'fleet':
-            out += c['fn'](hv, groups, SPECS, 'ctl-1')
+            out += c['fn'](hv, 'ctl-1', groups, SPECS)
         else:
-            out += [m for h in hv if '_preflight_cfg' in hv[h]
+            out += [m for h in hv if '_preflight_cfg' in hv[h] and pc.applies(c, hv[h]['_preflight_cfg'], h, groups)
                     for m in c['fn'](hv[h]['_preflight_cfg'], h, groups, SPECS)]
     return out
 
@@ -114,7 +114,7 @@ def test_pd_consistency_refuses(case):
 def test_pd_tp_layout_refuses_sizes_that_do_not_divide():
     inv = inv_with({'gpu-d1': {'vllm_instances': [{'name': 'decode0', 'port': 8200, 'gpus': [0, 1, 2],
                                                    'tensor_parallel_size': 3}]}})
-    msgs = pc.pd_tp_layout(fleet(inv), GROUPS, SPECS, 'ctl-1')
+    msgs = pc.pd_tp_layout(fleet(inv), 'ctl-1', GROUPS, SPECS)
     assert len(msgs) == 1  # prefill0 (4) and prefill1 (4 GPUs) x decode0 (3): one message per size pair
     for sub in ['prefill gpu-p1/prefill0 (vllm_instances[prefill0].tensor_parallel_size=4)',
                 'decode gpu-d1/decode0 (vllm_instances[decode0].tensor_parallel_size=3)', 'and 1 more pairs', 'Fix:']:
@@ -123,7 +123,7 @@ def test_pd_tp_layout_refuses_sizes_that_do_not_divide():
 
 def test_pd_tp_layout_reads_the_extra_args_too():
     inv = inv_with({'gpu-d1': {'vllm_instances.0.extra_args': ['-tp', '3']}})
-    msgs = pc.pd_tp_layout(fleet(inv), GROUPS, SPECS, 'ctl-1')
+    msgs = pc.pd_tp_layout(fleet(inv), 'ctl-1', GROUPS, SPECS)
     assert msgs and 'decode gpu-d1/decode0 (vllm_instances[decode0].extra_args=3)' in msgs[0]
 
 
@@ -498,7 +498,7 @@ def test_a_vip_the_address_check_refuses_is_named_once():
     """entry_vip leaves a loopback, bind-any or ADDR:PORT VIP to addresses_reachable (one message per mistake)."""
     for vip in ('127.0.0.50', '0.0.0.0', '10.0.0.50:443'):
         inv = inv_with({h: {'entry_vip': vip} for h in ('entry-1', 'entry-2')})
-        assert pc.entry_vip(fleet(inv), ENTRY_GROUPS, SPECS, 'ctl-1') == []
+        assert pc.entry_vip(fleet(inv), 'ctl-1', ENTRY_GROUPS, SPECS) == []
         assert run_class('addresses', inv, ENTRY_GROUPS)
 
 
@@ -597,3 +597,21 @@ def test_tls_paths_are_the_paths_the_tls_tasks_use():
         assert t['switch'] is None or pc._option(SPECS, t['switch']).get('type') == 'bool'
         for var in t['paths']:
             assert pc._option(SPECS, var).get('type') == 'str', var
+
+
+def test_role_guards_are_registration_parameters():
+    """A per-host check that applies to one role says so in @check(role=...), and the runner (applies) skips other
+    hosts: no check body repeats `if not _roles(...)[role]: return []` (issue 33: one guard, not 34 copies). The
+    runner's own skip is shown on a host that runs no monitoring."""
+    import re
+    src = open(os.path.join(REPO, 'plugins', 'filter', 'preflight_checks.py')).read()
+    assert not re.findall(r"if not _roles\(host, groups(?:, cfg)?\)\['[a-z_]+'\]", src)
+    guarded = [c for c in pc.CHECKS if c['role']]
+    assert len(guarded) >= 30 and all(c['scope'] == 'host' for c in guarded)
+    mon = next(c for c in pc.CHECKS if c['id'] == 'monitoring_settings')
+    assert mon['role'] == 'monitoring'
+    assert not pc.applies(mon, {}, 'ctl-1', {'monitoring': ['mon-1']})
+    assert pc.applies(mon, {}, 'mon-1', {'monitoring': ['mon-1']})
+    assert pc.host_errors({'monitoring_retention': 'x'}, 'ctl-1', {'monitoring': ['mon-1']}, SPECS) == []
+    assert pc.host_errors({'monitoring_retention': 'x'}, 'mon-1', {'monitoring': ['mon-1']}, SPECS, skip=[
+        c['skip'] for c in pc.CHECKS if c['skip'] != 'monitoring']) != []
