@@ -1970,11 +1970,31 @@ def fleet_errors(hostvars, groups, specs, skip=None, host=None, phase=None):
                 host or 'the fleet')
 
 
+def checks_of(settings, ids, host, groups):
+    """The messages of the named checks only, for a role's own preflight when its playbook runs without the preflight
+    play (playbooks/etcd.yml alone): the role calls the one implementation here instead of repeating it in YAML.
+    settings: the host's settings for a per-host check (a role passes the ones the check reads), hostvars for a
+    fleet check. No specs: the preflight play has validated types; a message's default then reads "see the role
+    defaults"."""
+    wanted = [c for c in CHECKS if c['id'] in ids]
+    unknown = sorted(set(ids) - {c['id'] for c in wanted})
+    if unknown:
+        raise ValueError('preflight_checks_of: no such check %s (plugins/filter/preflight_checks.py)' % unknown)
+    groups, out = dict(groups or {}), []
+    for c in wanted:
+        if c['scope'] == 'fleet':
+            out += _run([c], (settings or {}, host, groups, []), host)
+        elif applies(c, dict(settings or {}), host, groups):
+            out += _run([c], (dict(settings or {}), host, groups, []), host)
+    return out
+
+
 class FilterModule(object):
     def filters(self):
         return {
             'preflight_host_errors': host_errors,
             'preflight_fleet_errors': fleet_errors,
+            'preflight_checks_of': checks_of,
         }
 
 

@@ -615,3 +615,25 @@ def test_role_guards_are_registration_parameters():
     assert pc.host_errors({'monitoring_retention': 'x'}, 'ctl-1', {'monitoring': ['mon-1']}, SPECS) == []
     assert pc.host_errors({'monitoring_retention': 'x'}, 'mon-1', {'monitoring': ['mon-1']}, SPECS, skip=[
         c['skip'] for c in pc.CHECKS if c['skip'] != 'monitoring']) != []
+
+
+def test_a_role_alone_runs_the_one_python_check():
+    """The roles' YAML preflight (etcd, vllm, firewall: for their playbooks run alone) calls preflight_checks_of with
+    check ids: the same code as the preflight play, refusing what it refuses; an unknown id fails loudly; a role-bound
+    check skips a host outside its role; and no YAML preflight task repeats a check's logic (each names its ids)."""
+    import re
+    assert pc.checks_of({}, ['groups_etcd_odd'], 'etcd-1', {'etcd': ['etcd-1', 'etcd-2']}) != []
+    assert pc.checks_of({}, ['groups_etcd_odd'], 'etcd-1', {'etcd': ['etcd-1', 'etcd-2', 'etcd-3']}) == []
+    gpu = {'vllm_lab_cpu_device_guard': True, 'vllm_platform': 'cuda'}
+    assert pc.checks_of(gpu, ['packages_cpu_guard'], 'gpu-p1', {'vllm_prefill': ['gpu-p1']})
+    assert pc.checks_of(gpu, ['packages_cpu_guard'], 'ctl-1', {'vllm_prefill': ['gpu-p1']}) == []  # not a vLLM host
+    assert pc.checks_of({'firewall_enabled': True, 'firewall_extra_sources': ['10.0.0.5/24']}, ['firewall_sources'],
+                        'h', {}) != []
+    with pytest.raises(ValueError, match='no such check'):
+        pc.checks_of({}, ['no_such_check'], 'h', {})
+    for role in ('etcd', 'vllm', 'firewall'):
+        text = open(os.path.join(REPO, 'roles', role, 'tasks', 'preflight.yml')).read()
+        ids = re.findall(r"preflight_checks_of\(\[([^\]]*)\]", text)
+        assert ids, role
+        for name in re.findall(r"'([a-z_]+)'", ' '.join(ids)):
+            assert any(c['id'] == name for c in pc.CHECKS), name
