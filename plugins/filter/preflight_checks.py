@@ -69,10 +69,11 @@ CHECKS = []
 
 def check(skip, scope='host', phase=None, role=None):
     """Register a check, called with one argument order: (cfg, host, groups, specs) per host, (hostvars, host,
-    groups, specs) fleet-wide (the settings first, then the host it is checked on). Its id is the function's name, skip its preflight_skip class, scope host (run on
-    every host) or fleet (run once; phase groups runs before the per-host checks, phase fleet after), role (host
-    scope) the bundle role a host must run for the check to apply (a key of _roles: vllm, prefill, master,
-    monitoring, store_ssd, ...; None: every host). The runner applies it, so no check repeats the guard."""
+    groups, specs) fleet-wide (the settings first, then the host it is checked on). Its id is the function's name,
+    skip its preflight_skip class, scope host (run on every host) or fleet (run once; phase groups runs before the
+    per-host checks, phase fleet after), role (host scope) the bundle role a host must run for the check to apply
+    (a key of _roles: vllm, prefill, master, monitoring, store_ssd, ...; None: every host). The runner applies it,
+    so no check repeats the guard."""
     def register(fn):
         CHECKS.append({'id': fn.__name__, 'skip': skip, 'scope': scope, 'phase': phase or scope, 'role': role, 'fn': fn})
         return fn
@@ -550,7 +551,7 @@ def packages_tested_versions(cfg, host, groups, specs):
 @check('model', role='vllm')
 def model_set(cfg, host, groups, specs):
     model = cfg.get('vllm_model', '')
-    if (isinstance(model, str) and model.strip()):
+    if isinstance(model, str) and model.strip():
         return []
     return ['vllm_model=%s on %s: no model to serve. Fix: set vllm_model to an absolute path on the host (e.g. '
             '/srv/models/Qwen3-32B) or a hub id (org/name).' % (_j(model), host)]
@@ -1946,9 +1947,12 @@ def _run(checks, args, where):
     return errors or crashes
 
 
-def applies(c, cfg, host, groups):
-    """Whether the per-host check c applies to host: it runs the role c was registered for (or c has none)."""
-    return c['role'] is None or bool(_roles(host, groups, cfg).get(c['role']))
+def applies(c, cfg, host, groups, roles=None):
+    """Whether the per-host check c applies to host: it runs the role c was registered for (or c has none). roles:
+    _roles(host, groups, cfg) when the caller has it (host_errors works it out once for every check)."""
+    if c['role'] is None:
+        return True
+    return bool((roles if roles is not None else _roles(host, groups, cfg)).get(c['role']))
 
 
 def selected(scope, skip=None, phase=None):
@@ -1960,7 +1964,8 @@ def host_errors(cfg, host, groups, specs, skip=None):
     """Every per-host check's messages for host (preflight_skip classes left out; a check registered for a role only
     where host runs it)."""
     cfg, groups = dict(cfg or {}), dict(groups or {})
-    return _run([c for c in selected('host', skip) if applies(c, cfg, host, groups)],
+    roles = _roles(host, groups, cfg)
+    return _run([c for c in selected('host', skip) if applies(c, cfg, host, groups, roles)],
                 (cfg, host, groups, list(specs or [])), host)
 
 
