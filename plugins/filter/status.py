@@ -148,12 +148,12 @@ def _transfer_cells(data):
     for src in data.get('prefills') or []:
         for dst in data.get('decodes') or []:
             results = seen.get((src, dst)) or []
-            low = [r for r in results if _below_floor(r)]
-            red = ['transfer %s -> %s: not run' % (src, dst)] if not results else []
+            low, red = [], ['transfer %s -> %s: not run' % (src, dst)] if not results else []
             for res in results:
                 if not res.get('ok'):
                     red.append('transfer %s failed: %s' % (_pair_name(res), _txt(res.get('error'))))
                 elif _below_floor(res):
+                    low.append(res)
                     red.append('transfer %s: Mooncake/raw-TCP ratio %s below the floor %s'
                                % (_pair_name(res), _txt(res.get('ratio')), _txt(res.get('min_ratio'))))
             verdict = ('not run' if not results else 'failed' if not all(r.get('ok') for r in results)
