@@ -31,9 +31,13 @@ mkdir -p "$PD_LAB_RESULTS"
 "$here/molecule.sh" destroy -s "$scenario" >/dev/null 2>&1 || true
 # A no-change re-run fails the run above this fraction of the first converge (both timed in this run): issue 33's
 # goal, 0.20 (the speed-ups gated on tested ansible-core versions). Issue 12's older 0.15 is printed as met or not on
-# every run. The lab re-runs twice and the faster counts (step_times.py; the machine's noise is in one sample).
+# every run. A first re-run over the bound is sampled again and the faster counts (step_times.py; the machine's noise
+# is in one sample).
+# The lab steps read the same bound (the second re-run sample runs only when the first misses it).
+export PD_LAB_RERUN_MAX_RATIO=${PD_LAB_RERUN_MAX_RATIO:-0.20}
+rm -f "$PD_LAB_RESULTS/converge.seconds"
 ratio_goal=()
-[[ $scenario == default ]] && ratio_goal=(--rerun-max-ratio "${PD_LAB_RERUN_MAX_RATIO:-0.20}")
+[[ $scenario == default ]] && ratio_goal=(--rerun-max-ratio "$PD_LAB_RERUN_MAX_RATIO")
 "$here/molecule.sh" test -s "$scenario" --destroy=never 2>&1 | "$py" "$here/step_times.py" --results "$PD_LAB_RESULTS" "${ratio_goal[@]}"
 rc=$(( PIPESTATUS[0] | PIPESTATUS[1] ))
 start=$(date +%s)

@@ -144,3 +144,34 @@ def test_main_exits_non_zero_on_a_missed_goal(monkeypatch, capsys):
     assert "re-run too slow" in capsys.readouterr().out
     monkeypatch.setattr(st.sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
     assert st.main(["--rerun-max-ratio", "1.5"]) == 0
+
+
+def test_the_converge_time_is_written_as_the_converge_ends(tmp_path):
+    """The lab steps read it to decide on a second re-run sample (molecule/default/lab-steps.yml)."""
+    steps = st.Steps(tmp_path, clock=iter([0.0, 512.25, 600.0, 700.0]).__next__)
+    for line in _action("converge")[:2]:
+        steps.feed(line + "\n")
+    assert not (tmp_path / st.CONVERGE_FILE).exists()
+    steps.feed(_action("converge")[2] + "\n")
+    assert (tmp_path / st.CONVERGE_FILE).read_text() == "512.2\n"
+
+
+def test_a_skipped_second_rerun_does_not_count_as_the_faster(tmp_path):
+    """The second sample runs only when the first missed the bound; skipped, its near-zero time must not meet it."""
+    lines = (_action("converge")
+             + [ARROW.format("side_effect", "Executing"),
+                "  │ TASK [Lab step | rerun (site.yml --skip-tags verify, changed=0)]",
+                "  │ ok: [localhost]",
+                "  │ TASK [Lab step | rerun (again, the second sample of the re-run time; changed=0)]",
+                "  │ skipping: [localhost]",
+                "  │ TASK [Lab step | proof (bad inventories refused)]",
+                "  │ ok: [localhost]",
+                ARROW.format("side_effect", "Executed: Successful")])
+    steps = _run(lines, tmp_path)
+    steps.rerun_max_ratio = 0.5
+    assert steps.status["rerun-2"] == "skipped" and steps.status["rerun"] == "ok"
+    assert [n for n, _ in steps.reruns()] == ["rerun"]
+    assert steps.rerun_best() == steps.took["rerun"]
+    assert "rerun-2" in steps.report() and "(skipped)" in steps.report()
+    steps.rerun_max_ratio = 0.1  # the one sample (10 s of a 10 s converge) over the bound: the run fails
+    assert "re-run too slow" in steps.rerun_too_slow()
