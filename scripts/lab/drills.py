@@ -168,6 +168,20 @@ def vip_taken_from_journal(text, since_epoch, state="MASTER"):
     return None
 
 
+# A decode's journal line for a KV pull that failed and was computed again (kv_load_failure_policy recompute: the
+# lab's Mooncake TCP stall, docs/tcp-stall.md).
+RECOMPUTE_MARK = "pulling kv_caches for"
+
+
+def recomputed(decode_units, since):
+    """The decode journals' recompute lines ("host: line") since the epoch since; decode_units: (host, unit) pairs."""
+    lines = []
+    for host, unit in decode_units:
+        out = sh(host, "journalctl", "-u", unit, "--since", "@%d" % int(since), "--no-pager", check=False).stdout
+        lines += ["%s: %s" % (host, x) for x in out.splitlines() if RECOMPUTE_MARK in x]
+    return lines
+
+
 def wait_for(pred, limit, step=0.5):
     """Seconds until pred() is true, or None after limit seconds."""
     t0 = time.monotonic()

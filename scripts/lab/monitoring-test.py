@@ -30,7 +30,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from drills import http_get, sh, unit_state, wait_for  # noqa: E402  (docker exec helpers of the lab scripts)
+from drills import http_get, recomputed, sh, unit_state, wait_for  # noqa: E402  (docker exec helpers of the lab scripts)
 import load as lab_load  # noqa: E402  (scripts/lab/load.py)
 from labinv import Lab as LabInventory, role_var  # noqa: E402
 import runpy  # noqa: E402
@@ -42,6 +42,9 @@ DASHBOARD = REPO / "templates" / "monitoring" / "pd-dashboard.json"
 GRAFANA_VARS = {"$__rate_interval": "1m", "$pool": ".*", "$instance": ".*"}
 THRESHOLD = re.compile(r"^(?P<expr>.*\S)\s*(==|!=|>=|<=|>|<)\s*-?[0-9.]+(e[+-]?[0-9]+)?\s*$", re.S)
 ALERT_SEND_S = 5.0
+# The alerts one stalled KV pull moves on its own (quiet_problems), and how many such pulls a healthy load may have.
+STALL_SHOWS_IN = {"TTFTP99AboveSLO"}
+MAX_RECOMPUTED = 1
 
 
 def seconds(duration):
@@ -97,13 +100,27 @@ def load_problems(load, shown=5):
         + named + more
 
 
-def quiet_problems(alerts):
+def quiet_problems(alerts, recomputed=()):
     """Prometheus' alerts (/api/v1/alerts) on a healthy lab under load with repeated prompts: none may be pending or
-    firing (issue 30: an alert fired on decode's own prefix-cache hits, the best case, not a fault)."""
-    return ["alert %s is %s on a healthy lab under load with repeated prompts (%s)"
-            % (a.get("labels", {}).get("alertname"), a.get("state"),
-               ", ".join("%s=%s" % kv for kv in sorted(a.get("labels", {}).items()) if kv[0] != "alertname"))
-            for a in alerts if a.get("state") in ("pending", "firing")]
+    firing (issue 30: an alert fired on decode's own prefix-cache hits, the best case, not a fault).
+
+    One exception, with its cause named: the lab's Mooncake TCP stall (docs/tcp-stall.md) holds a KV pull for 30 s
+    before decode computes the prompt again, and in a minute's load that one request is the p99 of time to first
+    token, over any SLO below 30 s. TTFTP99AboveSLO is excused only when the decode journals show such recomputed
+    pulls during the load, at most MAX_RECOMPUTED of them (the bound the lab's other steps keep); more is a problem
+    of its own."""
+    out = []
+    if len(recomputed) > MAX_RECOMPUTED:
+        out.append("%d KV pulls recomputed on decode during the load (bound %d): %s"
+                   % (len(recomputed), MAX_RECOMPUTED, "; ".join(recomputed[:3])))
+    for a in alerts:
+        name = a.get("labels", {}).get("alertname")
+        if a.get("state") not in ("pending", "firing") or (name in STALL_SHOWS_IN and recomputed):
+            continue
+        out.append("alert %s is %s on a healthy lab under load with repeated prompts (%s)"
+                   % (name, a.get("state"),
+                      ", ".join("%s=%s" % kv for kv in sorted(a.get("labels", {}).items()) if kv[0] != "alertname")))
+    return out
 
 
 def alert_problems(fired_after, bound):
@@ -132,9 +149,12 @@ class Prom:
     def targets(self):
         return self._get(self.prom + "/api/v1/targets", "state=active")["data"]["activeTargets"]
 
-    def series(self, expr):
-        """How many series expr returns now, or the error Prometheus gives."""
+    def series(self, expr, values=False):
+        """How many series expr returns now, or the error Prometheus gives; values: the series themselves ([] on an
+        error)."""
         res = self._get(self.prom + "/api/v1/query", "query=" + expr)
+        if values:
+            return res["data"]["result"] if res.get("status") == "success" else []
         return len(res["data"]["result"]) if res.get("status") == "success" else res.get("error", str(res))
 
     def rule_alerts(self):
@@ -201,8 +221,15 @@ def main(argv=None):
     # No alert on the healthy lab: its rules have been evaluated over the load (2 scrapes since its end).
     alerts = prom.rule_alerts()
     result["alerts_under_load"] = alerts
-    problems += quiet_problems(alerts)
-    print("alerts pending or firing under load: %d" % len(quiet_problems(alerts)), flush=True)
+    # What the TTFT SLO alert compared, per pool (the data for a pending one), and the load's recomputed KV pulls.
+    result["ttft_p99_5m_s"] = {r["metric"].get("role"): float(r["value"][1])
+                               for r in prom.series("pd:vllm_ttft_seconds:p99_5m", values=True)}
+    pulls = recomputed([(h, "vllm@%s" % i) for h, i, _ in inv.instances(["vllm_decode"])], load["start_epoch"])
+    result["recomputed_during_load"] = pulls
+    quiet = quiet_problems(alerts, pulls)
+    problems += quiet
+    print("alerts pending or firing under load: %d (TTFT p99 over 5 min, s: %s; KV pulls recomputed: %d)"
+          % (len(quiet), result["ttft_p99_5m_s"], len(pulls)), flush=True)
 
     # 3. A decode unit stopped: UnitDown in Alertmanager.
     host, inst, port = next(iter(inv.instances(["vllm_decode"])))

@@ -30,6 +30,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import labinv  # noqa: E402
 import load  # noqa: E402
+from drills import recomputed  # noqa: E402  (the decode journals' recompute lines)
 
 
 def sh(host, *cmd, check=True, timeout=60):
@@ -64,14 +65,6 @@ def model_load(host, unit, since):
         elif "Application startup complete" in line and started is not None and ready is None:
             ready = ts
     return started, (None if started is None or ready is None else ready - started)
-
-
-def recomputed(decode_units, since):
-    lines = []
-    for host, unit in decode_units:
-        out = sh(host, "journalctl", "-u", unit, "--since", "@%d" % int(since), "--no-pager", check=False).stdout
-        lines += ["%s: %s" % (host, x) for x in out.splitlines() if "pulling kv_caches for" in x]
-    return lines
 
 
 def scale_problems(step, max_overhead):

@@ -109,3 +109,20 @@ def test_the_report_fails_on_a_panel_without_data(tmp_path):
     queries[1][1] = res(('prefill', [[0, '1.5']]))
     src.write_text(json.dumps(queries))
     assert pm.main(['x', str(src), str(tmp_path / 'r.png'), '5']) == 0 and (tmp_path / 'r.png').stat().st_size > 1000
+
+
+def test_a_pending_ttft_alert_is_excused_only_by_a_recomputed_pull_within_the_bound():
+    """The lab's 30 s Mooncake TCP stall (docs/tcp-stall.md) makes one request the p99 of a minute's load: with that
+    recompute in a decode journal TTFTP99AboveSLO is explained; without one it fails, and so do more recomputes than
+    the bound, and any other alert."""
+    ttft = {'labels': {'alertname': 'TTFTP99AboveSLO', 'role': 'decode'}, 'state': 'pending'}
+    other = {'labels': {'alertname': 'KVTransferShareLow'}, 'state': 'pending'}
+    pull = 'decode1: ... pulling kv_caches for [cmpl-1] failed: Mooncake transfer engine returned -1'
+    assert ml.quiet_problems([ttft]) == [
+        'alert TTFTP99AboveSLO is pending on a healthy lab under load with repeated prompts (role=decode)']
+    assert ml.quiet_problems([ttft], [pull]) == []
+    assert ml.quiet_problems([ttft, other], [pull]) == [
+        'alert KVTransferShareLow is pending on a healthy lab under load with repeated prompts ()']
+    too_many = ml.quiet_problems([ttft], [pull] * (ml.MAX_RECOMPUTED + 1))
+    assert len(too_many) == 1 and too_many[0].startswith('%d KV pulls recomputed on decode during the load (bound %d)'
+                                                         % (ml.MAX_RECOMPUTED + 1, ml.MAX_RECOMPUTED))
