@@ -86,6 +86,20 @@ def test_serve_extra_args_puts_the_tail_last():
     assert mg.vllm_serve_extra_args([], {'vllm_prefill_render': False}) == []
 
 
+def test_a_cpu_instance_of_one_worker_runs_it_in_the_engine_process():
+    """vllm_cpu_in_process_worker: only vllm_platform cpu with tensor parallel 1; the operator's backend wins."""
+    assert mg.vllm_in_process_worker('cpu', 1, True) is True
+    assert mg.vllm_in_process_worker('cpu', '1', True) is True
+    assert mg.vllm_in_process_worker('cpu', 2, True) is False
+    assert mg.vllm_in_process_worker('cuda', 1, True) is False
+    assert mg.vllm_in_process_worker('cpu', 1, False) is False
+    assert mg.vllm_serve_extra_args(['--enforce-eager'], {'in_process_worker': True}) == \
+        ['--enforce-eager', '--distributed-executor-backend', 'uni']
+    assert mg.vllm_serve_extra_args([], {'in_process_worker': False}) == []
+    assert mg.vllm_serve_extra_args(['--distributed_executor_backend=mp'], {'in_process_worker': True}) == \
+        ['--distributed_executor_backend=mp']
+
+
 def test_user_env_and_store_config_refuse_managed_names():
     assert mg.vllm_user_env({'NCCL_DEBUG': 'INFO'}) == {'NCCL_DEBUG': 'INFO'}
     with pytest.raises(mg.AnsibleFilterError, match='VLLM_HOST_IP'):
