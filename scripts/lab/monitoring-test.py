@@ -100,7 +100,7 @@ def load_problems(load, shown=5):
         + named + more
 
 
-def quiet_problems(alerts, recomputed=()):
+def quiet_problems(alerts, pulls=()):
     """Prometheus' alerts (/api/v1/alerts) on a healthy lab under load with repeated prompts: none may be pending or
     firing (issue 30: an alert fired on decode's own prefix-cache hits, the best case, not a fault).
 
@@ -110,12 +110,12 @@ def quiet_problems(alerts, recomputed=()):
     pulls during the load, at most MAX_RECOMPUTED of them (the bound the lab's other steps keep); more is a problem
     of its own."""
     out = []
-    if len(recomputed) > MAX_RECOMPUTED:
+    if len(pulls) > MAX_RECOMPUTED:
         out.append("%d KV pulls recomputed on decode during the load (bound %d): %s"
-                   % (len(recomputed), MAX_RECOMPUTED, "; ".join(recomputed[:3])))
+                   % (len(pulls), MAX_RECOMPUTED, "; ".join(pulls[:3])))
     for a in alerts:
         name = a.get("labels", {}).get("alertname")
-        if a.get("state") not in ("pending", "firing") or (name in STALL_SHOWS_IN and recomputed):
+        if a.get("state") not in ("pending", "firing") or (name in STALL_SHOWS_IN and pulls):
             continue
         out.append("alert %s is %s on a healthy lab under load with repeated prompts (%s)"
                    % (name, a.get("state"),
@@ -149,13 +149,18 @@ class Prom:
     def targets(self):
         return self._get(self.prom + "/api/v1/targets", "state=active")["data"]["activeTargets"]
 
-    def series(self, expr, values=False):
-        """How many series expr returns now, or the error Prometheus gives; values: the series themselves ([] on an
-        error)."""
-        res = self._get(self.prom + "/api/v1/query", "query=" + expr)
-        if values:
-            return res["data"]["result"] if res.get("status") == "success" else []
+    def _query(self, expr):
+        return self._get(self.prom + "/api/v1/query", "query=" + expr)
+
+    def series(self, expr):
+        """How many series expr returns now, or the error Prometheus gives."""
+        res = self._query(expr)
         return len(res["data"]["result"]) if res.get("status") == "success" else res.get("error", str(res))
+
+    def values(self, expr):
+        """The series expr returns now ([] on an error)."""
+        res = self._query(expr)
+        return res["data"]["result"] if res.get("status") == "success" else []
 
     def rule_alerts(self):
         """Every pending or firing alert of Prometheus' rules."""
@@ -223,7 +228,7 @@ def main(argv=None):
     result["alerts_under_load"] = alerts
     # What the TTFT SLO alert compared, per pool (the data for a pending one), and the load's recomputed KV pulls.
     result["ttft_p99_5m_s"] = {r["metric"].get("role"): float(r["value"][1])
-                               for r in prom.series("pd:vllm_ttft_seconds:p99_5m", values=True)}
+                               for r in prom.values("pd:vllm_ttft_seconds:p99_5m")}
     pulls = recomputed([(h, "vllm@%s" % i) for h, i, _ in inv.instances(["vllm_decode"])], load["start_epoch"])
     result["recomputed_during_load"] = pulls
     quiet = quiet_problems(alerts, pulls)

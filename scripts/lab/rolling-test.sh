@@ -52,7 +52,7 @@ rc=0
 # liveness timeout (docs/tcp-stall.md); 0-2 of ~260 requests per run were seen. More than
 # max_recomputed is a regression, whatever the reason.
 max_recomputed=${PD_LAB_MAX_RECOMPUTED:-3}
-since=$(date -u '+%Y-%m-%d %H:%M:%S')
+since=$(date +%s)
 "$repo/.venv/bin/ansible-playbook" -i "$inv" "$repo/playbooks/vllm.yml" \
   -e "{\"vllm_extra_args\": [\"--enforce-eager\", \"--max-num-seqs\", \"$seqs\"]}" \
   > "$out/rolling-playbook.log" 2>&1 || rc=$?
@@ -65,11 +65,14 @@ after=$(pids)
 read -r failed total lat < <("$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["failed"], d["requests"], "latency p50 %s s, p99 %s s, max %s s, %d over 30 s" % (d["latency_p50_s"], d["latency_p99_s"], d["latency_max_s"], len(d["slow"])))' "$out/rolling-load.json")
 restarted=$(paste <(echo "$before") <(echo "$after") | awk '$1 != $2 && $2 != 0' | wc -l)
 reasons=$out/rolling-recomputed.txt
-: > "$reasons"
-for hi in "${decodes[@]}"; do
-  docker exec "${hi%%:*}" journalctl -u "vllm@${hi##*:}" --since "$since" --no-pager 2>/dev/null \
-    | grep 'pulling kv_caches for' | sed "s/^/${hi%%:*}: /" >> "$reasons" || true
-done
+# The decode journals' recompute lines, one per line ("host: line"), read as the scale and monitoring steps read them.
+"$py" - "$here" "$since" "${decodes[@]}" > "$reasons" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from drills import recomputed
+units = [(hi.split(":")[0], "vllm@" + hi.split(":")[1]) for hi in sys.argv[3:]]
+sys.stdout.write("".join(line + "\n" for line in recomputed(units, float(sys.argv[2]))))
+PY
 recomputed=$(wc -l < "$reasons")
 echo "[rolling] playbook rc=$rc in ${took}s; instances restarted: $restarted/${#instances[@]}; requests through the router: $total, failed: $failed ($lat); KV pulls failed and recomputed on decode: $recomputed"
 grep -E "^($(printf '%s\n' "${instances[@]%%:*}" | sort -u | paste -sd'|')) +:" "$out/rolling-playbook.log" || true
