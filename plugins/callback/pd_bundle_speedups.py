@@ -12,12 +12,7 @@
 #    Python's zipimport validates against the source and prefers). A host whose Python is another version
 #    rejects the .pyc (its magic number) and compiles the source, as before.
 # 3. A filter file's once-per-process setup (pd_bundle_warm: the roles' defaults parsed) done in the controller.
-# 4. No remote temporary directory for a uri call that sends no file. ansible.builtin.uri's action made one
-#    before every call (three commands on the host: its home, mkdir, rm -r), which only a src or a multipart
-#    body transferred from the controller uses; with pipelining, the module itself needs none. The bundle's
-#    health waits are uri calls on every re-run (its templates and copies do the same in
-#    plugins/action/bundle_template.py).
-# 5. Fewer memory pages copied into each worker. A worker is a fork of the controller; Python's garbage collector
+# 4. Fewer memory pages copied into each worker. A worker is a fork of the controller; Python's garbage collector
 #    in it writes to the header of every object it scans, so the kernel copies most of the controller's heap into
 #    every worker (one per host and task). Before each task the controller collects its garbage and freezes what
 #    is left (gc.freeze: the collector never scans those objects again, in the controller or a worker). Python's
@@ -35,10 +30,8 @@ from pathlib import Path
 import yaml
 
 from ansible.executor import module_common
-from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.plugins.action import uri as uri_action
 from ansible.plugins.callback import CallbackBase
-from ansible.plugins.loader import action_loader, filter_loader, test_loader
+from ansible.plugins.loader import filter_loader, test_loader
 
 DOCUMENTATION = """
 name: pd_bundle_speedups
@@ -98,35 +91,8 @@ def install_module_bytecode():
             setattr(module_common, attr, _patch(fn))
 
 
-def uri_needs_tmp(args):
-    """Whether a uri task with ARGS sends a file from the controller (the only use of its early temporary
-    directory: uri's action transfers src, or a multipart body's files, into it)."""
-    return ((bool(args.get('src')) and not boolean(args.get('remote_src', False), strict=False))
-            or args.get('body_format') == 'form-multipart')
-
-
-def uri_early_needs_tmp_path(self):
-    return uri_needs_tmp(self._task.args)
-
-
-uri_early_needs_tmp_path.pd_bundle_speedups = True
-
-
-def install_uri_lazy_tmp():
-    """On uri's action class as the tasks load it (ansible.builtin.uri loads as a module of its own, not
-    ansible.plugins.action.uri; the loader keeps it, and the workers inherit it), and on the plain import."""
-    classes = {uri_action.ActionModule}
-    for name in ('ansible.builtin.uri', 'ansible.legacy.uri'):
-        cls = action_loader.get(name, class_only=True)
-        if cls is not None and cls.__name__ == 'ActionModule':
-            classes.add(cls)
-    for cls in classes:
-        cls._early_needs_tmp_path = uri_early_needs_tmp_path
-    return classes
-
-
 def freeze_heap():
-    """5. The controller's garbage collected, the rest frozen, before the next workers fork."""
+    """4. The controller's garbage collected, the rest frozen, before the next workers fork."""
     gc.collect()
     gc.freeze()
 
@@ -195,17 +161,16 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_start(self, playbook):
         if speedups_on(self._display.warning):
             self.install()
-        freeze_heap()  # 5: Python's own gc API, no private ansible-core interface
+        freeze_heap()  # 4: Python's own gc API, no private ansible-core interface
 
     @staticmethod
     def install():
-        """1-4: on private ansible-core interfaces (plugins/plugin_utils/private_core.py lists them)."""
+        """1-3: on private ansible-core interfaces (plugins/plugin_utils/private_core.py lists them)."""
         for loader in (filter_loader, test_loader):
             for plugin in loader.all():  # fills the loader's cache of non-collection plugins
                 warm_module_of(plugin)
         import_collection_filters()
         install_module_bytecode()
-        install_uri_lazy_tmp()
 
     def v2_playbook_on_task_start(self, task, is_conditional):
         freeze_heap()

@@ -19,7 +19,7 @@ PRIVATE = {
     ('ansible.executor.module_common', '_add_module_to_zip'): 'speed-ups: modules shipped with their bytecode (wrapped)',
     ('ansible.executor.module_common', '_make_zinfo'): 'speed-ups: the .pyc entries of the module zip (called)',
     ('ansible.plugins.action', 'ActionBase._early_needs_tmp_path'):
-        'speed-ups and bundle_template: no remote temporary directory for a call that sends no file (overridden)',
+        'bundle_template: no remote temporary directory before the stat shows the file will be sent (overridden)',
     ('ansible.plugins.action', 'ActionBase._execute_remote_stat'):
         'bundle_template: one stat of an unchanged file, reused (overridden and called)',
     ('ansible.plugins.action', 'ActionBase._execute_module'):
@@ -37,7 +37,6 @@ PRIVATE = {
         'bundle_template: the dest path as the copy action forms it',
     ('ansible.plugins.loader', 'filter_loader'): 'speed-ups: filter plugins loaded once before the workers fork',
     ('ansible.plugins.loader', 'test_loader'): 'speed-ups: test plugins loaded once before the workers fork',
-    ('ansible.plugins.loader', 'action_loader'): "speed-ups: uri's action class as the tasks load it",
 }
 
 # Names an action plugin uses by design (ansible-core's documentation on developing action plugins): not private.

@@ -2,7 +2,6 @@
 ignores (compiling the source, as without the hook) when it cannot."""
 import importlib.util
 import sys
-import warnings
 import zipfile
 from pathlib import Path
 
@@ -92,30 +91,8 @@ def test_ansible_s_module_payload_carries_the_bytecode():
     assert {n for n in names if n.endswith('.pyc')} == {n + 'c' for n in sources}
 
 
-def test_a_uri_call_makes_a_remote_temporary_directory_only_to_send_a_file():
-    """4. uri's action made one before every call (three commands on the host); it is needed only when the call
-    sends a file from the controller (src, or a multipart body's files), and is made then, as before."""
-    assert not sp.uri_needs_tmp({'url': 'http://10.0.0.5:8000/health', 'return_content': True})
-    assert not sp.uri_needs_tmp({'url': 'http://x/', 'src': '/etc/host-file', 'remote_src': True})
-    assert sp.uri_needs_tmp({'url': 'http://x/', 'src': 'body.json'})
-    assert sp.uri_needs_tmp({'url': 'http://x/', 'src': 'body.json', 'remote_src': 'no'})
-    assert sp.uri_needs_tmp({'url': 'http://x/', 'body_format': 'form-multipart', 'body': {}})
-    from ansible.plugins.loader import action_loader, init_plugin_loader
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')  # another test may have set up the loader already
-        init_plugin_loader()
-    classes = sp.install_uri_lazy_tmp()
-    loaded = action_loader.get('ansible.builtin.uri', class_only=True)  # the class a task runs (a module of its own)
-    assert loaded in classes and loaded._early_needs_tmp_path is sp.uri_early_needs_tmp_path
-    action = object.__new__(loaded)
-    action._task = type('T', (), {'args': {'url': 'http://x/'}})()
-    assert action._early_needs_tmp_path() is False
-    action._task.args = {'url': 'http://x/', 'src': 'f'}
-    assert action._early_needs_tmp_path() is True
-
-
 def test_the_heap_is_frozen_before_workers_fork_and_garbage_is_not_kept():
-    """5. What the controller holds is frozen (the workers' collector never scans it); an unreachable cycle made
+    """4. What the controller holds is frozen (the workers' collector never scans it); an unreachable cycle made
     before is collected first, not frozen with the rest."""
     import gc
     import weakref
