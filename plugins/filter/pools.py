@@ -1,0 +1,224 @@
+"""Model pools (issue 34): several models behind one entry, each served by its own prefill, decode and routers.
+
+A pool, as the inventory writes it (vllm_pools, a list in group_vars/all):
+
+    - name: chat                      # [a-z0-9-], at most POOL_NAME_MAX characters: units, labels, file names
+      model: /srv/models/Qwen3-32B    # a path or a hub id, as vllm_model
+      model_revision: "2025-04-29"    # as vllm_model_revision
+      served_model_name: qwen3-32b    # what clients write in the request's "model"; one pool per name
+      prefill: [gpu-p1, gpu-p2/prefill1]   # hosts (every instance on them) or host/instance
+      decode: [gpu-d1]
+      routers: [router-1, router-2]
+      vars: {vllm_max_model_len: 32768}    # the pool's own P/D settings (POOL_VAR_PREFIXES)
+
+An inventory without vllm_pools is one pool, DEFAULT_POOL, made of what it has today: every instance of the
+vllm_prefill and vllm_decode hosts, every vllm_router host, and the model of vllm_model / vllm_served_model_name /
+vllm_model_revision (implicit: True). Everything rendered from it is what the bundle rendered before pools.
+
+- bundle_pools(vllm_pools, groups, instances, defaults): the pools, normalized (see normalize_pools).
+- bundle_pool_of(pools, host, instance): the name of the pool an instance serves in (None: none).
+- bundle_router_pool(pools, host): the name of the pool a router routes for (None: none).
+- pool_problems(vllm_pools, groups, instances): what is wrong with the inventory's pools, as (var, host, problem, fix)
+  for preflight's refuse(); an empty list when they can be normalized.
+"""
+import re
+
+DEFAULT_POOL = 'default'
+POOL_NAME_RE = re.compile(r'^[a-z0-9]([a-z0-9-]*[a-z0-9])?$')
+# A pool's name goes into unit names, Prometheus labels, HAProxy backend names and the Mooncake key prefix.
+POOL_NAME_MAX = 32
+POOL_KEYS = ('name', 'model', 'model_revision', 'served_model_name', 'prefill', 'decode', 'routers', 'vars')
+# The settings a pool may set for its own instances and routers (vllm_pools[].vars): the model's and the P/D pair's.
+POOL_VAR_PREFIXES = ('vllm_', 'vllm_router_')
+# Variables a pool's vars may not set: what the pool itself or the host owns.
+POOL_VAR_FORBIDDEN = ('vllm_model', 'vllm_served_model_name', 'vllm_model_revision', 'vllm_instances', 'vllm_pools',
+                      'vllm_platform', 'vllm_package', 'vllm_version')
+ROLES = ('prefill', 'decode')
+GROUP_OF = {'prefill': 'vllm_prefill', 'decode': 'vllm_decode', 'routers': 'vllm_router'}
+
+
+def _ref(ref):
+    """'host' -> (host, None); 'host/instance' -> (host, instance)."""
+    text = str(ref)
+    host, _, inst = text.partition('/')
+    return host, (inst or None)
+
+
+def _members(refs, instances):
+    """The (host, instance) pairs REFS name, in order, each once (a host: its instances in the inventory's order)."""
+    out = []
+    for ref in refs or []:
+        host, inst = _ref(ref)
+        for name in ([inst] if inst else list(instances.get(host) or [])):
+            if (host, name) not in out:
+                out.append((host, name))
+    return out
+
+
+def implicit_pool(groups, instances, defaults):
+    """The one pool of an inventory without vllm_pools."""
+    defaults = defaults or {}
+    return {
+        'name': DEFAULT_POOL, 'implicit': True,
+        'model': defaults.get('vllm_model'), 'model_revision': defaults.get('vllm_model_revision'),
+        'served_model_name': defaults.get('vllm_served_model_name'),
+        'prefill': _members(groups.get('vllm_prefill') or [], instances),
+        'decode': _members(groups.get('vllm_decode') or [], instances),
+        'routers': list(groups.get('vllm_router') or []),
+        'vars': {},
+    }
+
+
+def normalize_pools(vllm_pools, groups, instances, defaults=None):
+    """Every pool as {name, implicit, model, model_revision, served_model_name, prefill: [[host, instance]], decode,
+    routers: [host], vars}. GROUPS: the inventory's groups; INSTANCES: {host: [instance name, ...]} of every vLLM host;
+    DEFAULTS: {vllm_model, vllm_served_model_name, vllm_model_revision} (the implicit pool's model, and a pool's
+    revision when it names none). Refs are resolved as written; pool_problems says whether they make sense."""
+    groups = groups or {}
+    instances = instances or {}
+    if not vllm_pools:
+        pools = [implicit_pool(groups, instances, defaults)]
+    else:
+        defaults = defaults or {}
+        pools = []
+        for p in vllm_pools:
+            model = p.get('model')
+            pools.append({
+                'name': str(p.get('name')), 'implicit': False,
+                'model': model,
+                'model_revision': p.get('model_revision', defaults.get('vllm_model_revision')),
+                'served_model_name': p.get('served_model_name') or (str(model).rstrip('/').rsplit('/', 1)[-1]
+                                                                   if model else None),
+                'prefill': _members(p.get('prefill'), instances),
+                'decode': _members(p.get('decode'), instances),
+                'routers': [str(h) for h in p.get('routers') or []],
+                'vars': dict(p.get('vars') or {}),
+            })
+    for pool in pools:
+        pool['prefill'] = [list(m) for m in pool['prefill']]
+        pool['decode'] = [list(m) for m in pool['decode']]
+    return pools
+
+
+def bundle_pools(vllm_pools, groups, instances, defaults=None):
+    return normalize_pools(vllm_pools, groups, instances, defaults)
+
+
+def bundle_pool_of(pools, host, instance):
+    for pool in pools or []:
+        for role in ROLES:
+            if [str(host), str(instance)] in pool[role]:
+                return pool['name']
+    return None
+
+
+def bundle_router_pool(pools, host):
+    for pool in pools or []:
+        if str(host) in pool['routers']:
+            return pool['name']
+    return None
+
+
+def pool_problems(vllm_pools, groups, instances):
+    """(var, host, problem, fix) for each thing wrong with vllm_pools; HOST is the host a problem is about, or the
+    first vLLM or router host for a problem of the list itself (preflight names a host in every message)."""
+    if not vllm_pools:
+        return []
+    groups = groups or {}
+    instances = instances or {}
+    anchor = next(iter((groups.get('vllm_prefill') or []) + (groups.get('vllm_router') or [])), 'localhost')
+    out = []
+    if not isinstance(vllm_pools, list):
+        return [('vllm_pools', anchor, 'is not a list of pools', 'write vllm_pools as a YAML list of '
+                 '{name, model, served_model_name, prefill, decode, routers} (docs/pools.md).')]
+    names, served = {}, {}
+    seen = {'prefill': {}, 'decode': {}, 'routers': {}}
+    for i, p in enumerate(vllm_pools):
+        var = 'vllm_pools[%d]' % i
+        if not isinstance(p, dict):
+            out.append((var, anchor, 'is not a mapping', 'give each pool name, model, served_model_name, prefill, '
+                        'decode and routers (docs/pools.md).'))
+            continue
+        name = str(p.get('name') or '')
+        unknown = sorted(set(p) - set(POOL_KEYS))
+        if unknown:
+            out.append((var, anchor, 'has unknown keys %s' % ', '.join(unknown),
+                        'use only %s (a setting of the pool goes under vars).' % ', '.join(POOL_KEYS)))
+        if not POOL_NAME_RE.match(name) or len(name) > POOL_NAME_MAX:
+            out.append((var + '.name', anchor, 'is %r: not a pool name' % name,
+                        'name the pool with lowercase letters, digits and dashes, at most %d characters.'
+                        % POOL_NAME_MAX))
+        elif name in names:
+            out.append((var + '.name', anchor, 'is %r, as vllm_pools[%d]' % (name, names[name]),
+                        'give every pool its own name.'))
+        else:
+            names[name] = i
+        if not p.get('model'):
+            out.append((var + '.model', anchor, 'is not set', 'set the model the pool serves (a path or a hub id).'))
+        sname = p.get('served_model_name') or (str(p.get('model')).rstrip('/').rsplit('/', 1)[-1] if p.get('model')
+                                               else None)
+        if sname in served:
+            out.append((var + '.served_model_name', anchor, 'is %r, as pool %s' % (sname, served[sname]),
+                        'give every pool its own served_model_name: the entry routes a request by it.'))
+        elif sname:
+            served[sname] = name
+        pvars = p.get('vars') or {}
+        if not isinstance(pvars, dict):
+            out.append((var + '.vars', anchor, 'is not a mapping', 'write the pool settings as {variable: value}.'))
+            pvars = {}
+        for key in sorted(pvars):
+            if key in POOL_VAR_FORBIDDEN or not str(key).startswith(POOL_VAR_PREFIXES):
+                out.append((var + '.vars.' + str(key), anchor, 'is not a setting a pool may set',
+                            'set the model with the pool\'s model, model_revision and served_model_name; put host '
+                            'settings in host_vars; a pool sets only %s* variables other than %s.'
+                            % ('* / '.join(POOL_VAR_PREFIXES), ', '.join(POOL_VAR_FORBIDDEN))))
+        for role in ('prefill', 'decode', 'routers'):
+            refs = p.get(role) or []
+            if not isinstance(refs, list) or not refs:
+                out.append(('%s.%s' % (var, role), anchor, 'is empty', 'list the pool\'s %s (%s).' % (
+                    role, 'hosts or host/instance' if role != 'routers' else 'vllm_router hosts')))
+                continue
+            group = GROUP_OF[role]
+            for ref in refs:
+                host, inst = _ref(ref)
+                if host not in (groups.get(group) or []):
+                    out.append(('%s.%s' % (var, role), host, 'names %s, which is not in the %s group' % (ref, group),
+                                'add %s to %s, or name one of its hosts.' % (host, group)))
+                    continue
+                if role == 'routers' and inst:
+                    out.append(('%s.%s' % (var, role), host, 'names %s: a router is a host' % ref,
+                                'name the router host without an instance.'))
+                    continue
+                if inst and inst not in (instances.get(host) or []):
+                    out.append(('%s.%s' % (var, role), host, 'names instance %s, which %s does not have' % (inst, host),
+                                'name one of the host\'s vllm_instances.'))
+                    continue
+                members = [host] if role == 'routers' else [(host, n) for n in ([inst] if inst else
+                                                                                instances.get(host) or [])]
+                for m in members:
+                    other = seen[role].get(m)
+                    if other is not None and other != name:
+                        what = m if role == 'routers' else '%s/%s' % m
+                        out.append(('%s.%s' % (var, role), host, 'puts %s in pool %s too' % (what, other),
+                                    'give every %s one pool (an instance or a router serves one model).' % (
+                                        'router' if role == 'routers' else 'instance')))
+                    seen[role][m] = name
+    for role, group in (('prefill', 'vllm_prefill'), ('decode', 'vllm_decode')):
+        for host in groups.get(group) or []:
+            for inst in instances.get(host) or []:
+                if (host, inst) not in seen[role]:
+                    out.append(('vllm_pools', host, 'puts %s/%s (a %s instance) in no pool' % (host, inst, role),
+                                'add %s (or %s/%s) to a pool\'s %s.' % (host, host, inst, role)))
+    for host in groups.get('vllm_router') or []:
+        if host not in seen['routers']:
+            out.append(('vllm_pools', host, 'puts router %s in no pool' % host, 'add %s to a pool\'s routers.' % host))
+    return out
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            'bundle_pools': bundle_pools,
+            'bundle_pool_of': bundle_pool_of,
+            'bundle_router_pool': bundle_router_pool,
+        }

@@ -1,0 +1,81 @@
+"""plugins/filter/pools.py: model pools, normalized from the inventory, and what preflight refuses in them."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location('pools_under_test', REPO / 'plugins' / 'filter' / 'pools.py')
+pools = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pools)
+
+GROUPS = {'vllm_prefill': ['p1', 'p2'], 'vllm_decode': ['d1', 'd2'], 'vllm_router': ['r1', 'r2']}
+INSTANCES = {'p1': ['prefill0', 'prefill1'], 'p2': ['prefill0'], 'd1': ['decode0'], 'd2': ['decode0', 'decode1']}
+DEFAULTS = {'vllm_model': '/srv/models/Qwen3-32B', 'vllm_served_model_name': 'qwen3-32b',
+            'vllm_model_revision': '2025-04-29'}
+TWO = [
+    {'name': 'chat', 'model': '/srv/models/Qwen3-32B', 'served_model_name': 'qwen3-32b',
+     'prefill': ['p1/prefill0', 'p2'], 'decode': ['d1', 'd2/decode0'], 'routers': ['r1'],
+     'vars': {'vllm_max_model_len': 32768}},
+    {'name': 'fast', 'model': 'Qwen/Qwen3-0.6B', 'model_revision': 'abc',
+     'prefill': ['p1/prefill1'], 'decode': ['d2/decode1'], 'routers': ['r2']},
+]
+
+
+def test_an_inventory_without_pools_is_one_pool_of_everything_it_serves_today():
+    [pool] = pools.bundle_pools(None, GROUPS, INSTANCES, DEFAULTS)
+    assert pool['name'] == pools.DEFAULT_POOL and pool['implicit']
+    assert pool['prefill'] == [['p1', 'prefill0'], ['p1', 'prefill1'], ['p2', 'prefill0']]
+    assert pool['decode'] == [['d1', 'decode0'], ['d2', 'decode0'], ['d2', 'decode1']]
+    assert pool['routers'] == ['r1', 'r2']
+    assert (pool['model'], pool['served_model_name'], pool['model_revision']) == (
+        '/srv/models/Qwen3-32B', 'qwen3-32b', '2025-04-29')
+    assert pools.pool_problems(None, GROUPS, INSTANCES) == []
+    assert pools.pool_problems([], GROUPS, INSTANCES) == []
+
+
+def test_two_pools_resolve_hosts_and_instances_and_one_host_serves_both():
+    chat, fast = pools.bundle_pools(TWO, GROUPS, INSTANCES, DEFAULTS)
+    assert chat['prefill'] == [['p1', 'prefill0'], ['p2', 'prefill0']]
+    assert chat['decode'] == [['d1', 'decode0'], ['d2', 'decode0']]
+    assert fast['prefill'] == [['p1', 'prefill1']] and fast['decode'] == [['d2', 'decode1']]
+    assert fast['served_model_name'] == 'Qwen3-0.6B'  # the model's last path part, as vllm_served_model_name
+    assert chat['model_revision'] == '2025-04-29' and fast['model_revision'] == 'abc'
+    all_pools = pools.bundle_pools(TWO, GROUPS, INSTANCES, DEFAULTS)
+    assert pools.bundle_pool_of(all_pools, 'p1', 'prefill1') == 'fast'
+    assert pools.bundle_pool_of(all_pools, 'p1', 'prefill0') == 'chat'
+    assert pools.bundle_pool_of(all_pools, 'p1', 'nope') is None
+    assert pools.bundle_router_pool(all_pools, 'r2') == 'fast'
+    assert pools.pool_problems(TWO, GROUPS, INSTANCES) == []
+
+
+def _with(i, **changes):
+    out = [dict(p) for p in TWO]
+    out[i].update(changes)
+    return [p for p in out if p.get('name') != 'DROP']
+
+
+@pytest.mark.parametrize('bad,var,words', [
+    (_with(1, name='chat'), 'vllm_pools[1].name', "as vllm_pools[0]"),
+    (_with(1, name='Fast_Pool'), 'vllm_pools[1].name', 'not a pool name'),
+    (_with(1, served_model_name='qwen3-32b'), 'vllm_pools[1].served_model_name', 'as pool chat'),
+    (_with(1, model=None), 'vllm_pools[1].model', 'is not set'),
+    (_with(1, prefill=['p1/prefill0']), 'vllm_pools[1].prefill', 'p1/prefill0 in pool chat too'),
+    (_with(1, routers=['r1']), 'vllm_pools[1].routers', 'r1 in pool chat too'),
+    (_with(1, decode=['p2']), 'vllm_pools[1].decode', 'not in the vllm_decode group'),
+    (_with(1, decode=['d2/decode9']), 'vllm_pools[1].decode', 'does not have'),
+    (_with(1, decode=[]), 'vllm_pools[1].decode', 'is empty'),
+    (_with(1, routers=['r2/x']), 'vllm_pools[1].routers', 'a router is a host'),
+    (_with(1, vars={'vllm_model': '/x'}), 'vllm_pools[1].vars.vllm_model', 'not a setting a pool may set'),
+    (_with(1, vars={'etcd_version': '1'}), 'vllm_pools[1].vars.etcd_version', 'not a setting a pool may set'),
+    (_with(1, gpus=[0]), 'vllm_pools[1]', 'unknown keys gpus'),
+    (_with(1, name='DROP'), 'vllm_pools', 'in no pool'),
+    ('chat', 'vllm_pools', 'not a list'),
+])
+def test_each_mistake_is_refused_with_the_variable_and_a_fix(bad, var, words):
+    problems = pools.pool_problems(bad, GROUPS, INSTANCES)
+    assert problems, 'no problem found in %r' % (bad,)
+    hits = [p for p in problems if p[0] == var and words in p[2]]
+    assert hits, problems
+    for v, host, problem, fix in problems:
+        assert v and host and problem and fix
