@@ -9,15 +9,18 @@ A pool, as the inventory writes it (vllm_pools, a list in group_vars/all):
       prefill: [gpu-p1, gpu-p2/prefill1]   # hosts (every instance on them) or host/instance
       decode: [gpu-d1]
       routers: [router-1, router-2]
-      vars: {vllm_max_model_len: 32768}    # the pool's own P/D settings (POOL_VAR_PREFIXES)
+      settings: {vllm_max_model_len: 32768}  # the pool's own P/D settings (POOL_SETTINGS)
 
 An inventory without vllm_pools is one pool, DEFAULT_POOL, made of what it has today: every instance of the
 vllm_prefill and vllm_decode hosts, every vllm_router host, and the model of vllm_model / vllm_served_model_name /
 vllm_model_revision (implicit: True). Everything rendered from it is what the bundle rendered before pools.
 
 - bundle_pools(vllm_pools, groups, instances, defaults): the pools, normalized (see normalize_pools).
+- bundle_inventory_pools(vllm_pools, groups, hostvars, defaults): bundle_pools with the instances read from hostvars.
 - bundle_pool_of(pools, host, instance): the name of the pool an instance serves in (None: none).
-- bundle_router_pool(pools, host): the name of the pool a router routes for (None: none).
+- bundle_instance_pool(pools, host, instance): that pool's model, served name, revision and settings.
+- bundle_router_pool(pools, host): the pool a router routes for.
+- bundle_pool_endpoints(endpoints, pool): the instances (bundle_vllm_endpoints) of a pool: a router's workers.
 - pool_problems(vllm_pools, groups, instances): what is wrong with the inventory's pools, as (var, host, problem, fix)
   for preflight's refuse(); an empty list when they can be normalized.
 """
@@ -27,12 +30,11 @@ DEFAULT_POOL = 'default'
 POOL_NAME_RE = re.compile(r'^[a-z0-9]([a-z0-9-]*[a-z0-9])?$')
 # A pool's name goes into unit names, Prometheus labels, HAProxy backend names and the Mooncake key prefix.
 POOL_NAME_MAX = 32
-POOL_KEYS = ('name', 'model', 'model_revision', 'served_model_name', 'prefill', 'decode', 'routers', 'vars')
-# The settings a pool may set for its own instances and routers (vllm_pools[].vars): the model's and the P/D pair's.
-POOL_VAR_PREFIXES = ('vllm_', 'vllm_router_')
-# Variables a pool's vars may not set: what the pool itself or the host owns.
-POOL_VAR_FORBIDDEN = ('vllm_model', 'vllm_served_model_name', 'vllm_model_revision', 'vllm_instances', 'vllm_pools',
-                      'vllm_platform', 'vllm_package', 'vllm_version')
+POOL_KEYS = ('name', 'model', 'model_revision', 'served_model_name', 'prefill', 'decode', 'routers', 'settings')
+# The settings a pool may give its own instances and routers (vllm_pools[].settings), each read per instance or
+# router where the bundle renders it (instance.env.j2, the router's argv); any other is refused, never ignored.
+POOL_SETTINGS = ('vllm_max_model_len', 'vllm_extra_args', 'vllm_router_prefill_policy', 'vllm_router_decode_policy',
+                 'vllm_router_extra_args')
 ROLES = ('prefill', 'decode')
 GROUP_OF = {'prefill': 'vllm_prefill', 'decode': 'vllm_decode', 'routers': 'vllm_router'}
 
@@ -65,13 +67,13 @@ def implicit_pool(groups, instances, defaults):
         'prefill': _members(groups.get('vllm_prefill') or [], instances),
         'decode': _members(groups.get('vllm_decode') or [], instances),
         'routers': list(groups.get('vllm_router') or []),
-        'vars': {},
+        'settings': {},
     }
 
 
 def normalize_pools(vllm_pools, groups, instances, defaults=None):
     """Every pool as {name, implicit, model, model_revision, served_model_name, prefill: [[host, instance]], decode,
-    routers: [host], vars}. GROUPS: the inventory's groups; INSTANCES: {host: [instance name, ...]} of every vLLM host;
+    routers: [host], settings}. GROUPS: the inventory's groups; INSTANCES: {host: [instance name, ...]} of every vLLM host;
     DEFAULTS: {vllm_model, vllm_served_model_name, vllm_model_revision} (the implicit pool's model, and a pool's
     revision when it names none). Refs are resolved as written; pool_problems says whether they make sense."""
     groups = groups or {}
@@ -92,7 +94,7 @@ def normalize_pools(vllm_pools, groups, instances, defaults=None):
                 'prefill': _members(p.get('prefill'), instances),
                 'decode': _members(p.get('decode'), instances),
                 'routers': [str(h) for h in p.get('routers') or []],
-                'vars': dict(p.get('vars') or {}),
+                'settings': dict(p.get('settings') or {}),
             })
     for pool in pools:
         pool['prefill'] = [list(m) for m in pool['prefill']]
@@ -104,6 +106,30 @@ def bundle_pools(vllm_pools, groups, instances, defaults=None):
     return normalize_pools(vllm_pools, groups, instances, defaults)
 
 
+def instance_names(hosts, hostvars):
+    """{host: [instance name]} of HOSTS from their vllm_instances (hostvars: Ansible's, or plain dicts)."""
+    out = {}
+    for h in hosts or []:
+        hv = hostvars[h] if h in hostvars else {}
+        out[h] = [str(i.get('name')) for i in (hv.get('vllm_instances') or []) if isinstance(i, dict)]
+    return out
+
+
+def bundle_inventory_pools(vllm_pools, groups, hostvars, defaults=None):
+    """bundle_pools with each vLLM host's instances read from HOSTVARS (the roles' one way to get the pools)."""
+    hosts = list(groups.get('vllm_prefill') or []) + list(groups.get('vllm_decode') or [])
+    return normalize_pools(vllm_pools, groups, instance_names(hosts, hostvars), defaults)
+
+
+def bundle_instance_pool(pools, host, instance):
+    """The pool an instance serves in, as {name, implicit, model, model_revision, served_model_name, settings}: what
+    its env file renders (instance.env.j2). Raises for an instance in no pool (preflight refuses that inventory)."""
+    for pool in pools or []:
+        if any([str(host), str(instance)] == m for role in ROLES for m in pool[role]):
+            return {k: pool[k] for k in ('name', 'implicit', 'model', 'model_revision', 'served_model_name', 'settings')}
+    raise ValueError('bundle_instance_pool: %s/%s is in no pool (vllm_pools)' % (host, instance))
+
+
 def bundle_pool_of(pools, host, instance):
     for pool in pools or []:
         for role in ROLES:
@@ -113,10 +139,18 @@ def bundle_pool_of(pools, host, instance):
 
 
 def bundle_router_pool(pools, host):
+    """The pool a router routes for (its dict); raises for a router in no pool (preflight refuses that inventory)."""
     for pool in pools or []:
         if str(host) in pool['routers']:
-            return pool['name']
-    return None
+            return pool
+    raise ValueError('bundle_router_pool: router %s is in no pool (vllm_pools)' % host)
+
+
+def bundle_pool_endpoints(endpoints, pool):
+    """ENDPOINTS (bundle_vllm_endpoints: {host, name, ...}) of the instances of POOL, in their order: a router's
+    workers. The implicit pool keeps them all."""
+    members = {(str(h), str(n)) for role in ROLES for h, n in pool[role]}
+    return [e for e in endpoints or [] if (str(e.get('host')), str(e.get('name'))) in members]
 
 
 def pool_problems(vllm_pools, groups, instances):
@@ -143,7 +177,7 @@ def pool_problems(vllm_pools, groups, instances):
         unknown = sorted(set(p) - set(POOL_KEYS))
         if unknown:
             out.append((var, anchor, 'has unknown keys %s' % ', '.join(unknown),
-                        'use only %s (a setting of the pool goes under vars).' % ', '.join(POOL_KEYS)))
+                        'use only %s (a setting of the pool goes under settings).' % ', '.join(POOL_KEYS)))
         if not POOL_NAME_RE.match(name) or len(name) > POOL_NAME_MAX:
             out.append((var + '.name', anchor, 'is %r: not a pool name' % name,
                         'name the pool with lowercase letters, digits and dashes, at most %d characters.'
@@ -162,16 +196,15 @@ def pool_problems(vllm_pools, groups, instances):
                         'give every pool its own served_model_name: the entry routes a request by it.'))
         elif sname:
             served[sname] = name
-        pvars = p.get('vars') or {}
-        if not isinstance(pvars, dict):
-            out.append((var + '.vars', anchor, 'is not a mapping', 'write the pool settings as {variable: value}.'))
-            pvars = {}
-        for key in sorted(pvars):
-            if key in POOL_VAR_FORBIDDEN or not str(key).startswith(POOL_VAR_PREFIXES):
-                out.append((var + '.vars.' + str(key), anchor, 'is not a setting a pool may set',
-                            'set the model with the pool\'s model, model_revision and served_model_name; put host '
-                            'settings in host_vars; a pool sets only %s* variables other than %s.'
-                            % ('* / '.join(POOL_VAR_PREFIXES), ', '.join(POOL_VAR_FORBIDDEN))))
+        settings = p.get('settings') or {}
+        if not isinstance(settings, dict):
+            out.append((var + '.settings', anchor, 'is not a mapping', 'write the pool settings as {variable: value}.'))
+            settings = {}
+        for key in sorted(settings):
+            if key not in POOL_SETTINGS:
+                out.append((var + '.settings.' + str(key), anchor, 'is not a setting a pool may set',
+                            'set the model with the pool\'s model, model_revision and served_model_name, host settings '
+                            'in host_vars; a pool sets only %s.' % ', '.join(POOL_SETTINGS)))
         for role in ('prefill', 'decode', 'routers'):
             refs = p.get(role) or []
             if not isinstance(refs, list) or not refs:
@@ -219,6 +252,9 @@ class FilterModule(object):
     def filters(self):
         return {
             'bundle_pools': bundle_pools,
+            'bundle_inventory_pools': bundle_inventory_pools,
+            'bundle_instance_pool': bundle_instance_pool,
             'bundle_pool_of': bundle_pool_of,
             'bundle_router_pool': bundle_router_pool,
+            'bundle_pool_endpoints': bundle_pool_endpoints,
         }

@@ -16,7 +16,7 @@ DEFAULTS = {'vllm_model': '/srv/models/Qwen3-32B', 'vllm_served_model_name': 'qw
 TWO = [
     {'name': 'chat', 'model': '/srv/models/Qwen3-32B', 'served_model_name': 'qwen3-32b',
      'prefill': ['p1/prefill0', 'p2'], 'decode': ['d1', 'd2/decode0'], 'routers': ['r1'],
-     'vars': {'vllm_max_model_len': 32768}},
+     'settings': {'vllm_max_model_len': 32768}},
     {'name': 'fast', 'model': 'Qwen/Qwen3-0.6B', 'model_revision': 'abc',
      'prefill': ['p1/prefill1'], 'decode': ['d2/decode1'], 'routers': ['r2']},
 ]
@@ -45,7 +45,15 @@ def test_two_pools_resolve_hosts_and_instances_and_one_host_serves_both():
     assert pools.bundle_pool_of(all_pools, 'p1', 'prefill1') == 'fast'
     assert pools.bundle_pool_of(all_pools, 'p1', 'prefill0') == 'chat'
     assert pools.bundle_pool_of(all_pools, 'p1', 'nope') is None
-    assert pools.bundle_router_pool(all_pools, 'r2') == 'fast'
+    assert pools.bundle_router_pool(all_pools, 'r2')['name'] == 'fast'
+    with pytest.raises(ValueError, match='in no pool'):
+        pools.bundle_router_pool(all_pools, 'r9')
+    endpoints = [{'host': h, 'name': n, 'url': 'http://%s/%s' % (h, n)} for h in ('p1', 'p2', 'd1', 'd2')
+                 for n in INSTANCES[h]]
+    assert [(e['host'], e['name']) for e in pools.bundle_pool_endpoints(endpoints, fast)] == [
+        ('p1', 'prefill1'), ('d2', 'decode1')]
+    [implicit] = pools.bundle_pools(None, GROUPS, INSTANCES, DEFAULTS)
+    assert pools.bundle_pool_endpoints(endpoints, implicit) == endpoints  # a router of no pools: every instance
     assert pools.pool_problems(TWO, GROUPS, INSTANCES) == []
 
 
@@ -66,8 +74,8 @@ def _with(i, **changes):
     (_with(1, decode=['d2/decode9']), 'vllm_pools[1].decode', 'does not have'),
     (_with(1, decode=[]), 'vllm_pools[1].decode', 'is empty'),
     (_with(1, routers=['r2/x']), 'vllm_pools[1].routers', 'a router is a host'),
-    (_with(1, vars={'vllm_model': '/x'}), 'vllm_pools[1].vars.vllm_model', 'not a setting a pool may set'),
-    (_with(1, vars={'etcd_version': '1'}), 'vllm_pools[1].vars.etcd_version', 'not a setting a pool may set'),
+    (_with(1, settings={'vllm_model': '/x'}), 'vllm_pools[1].settings.vllm_model', 'not a setting a pool may set'),
+    (_with(1, settings={'etcd_version': '1'}), 'vllm_pools[1].settings.etcd_version', 'not a setting a pool may set'),
     (_with(1, gpus=[0]), 'vllm_pools[1]', 'unknown keys gpus'),
     (_with(1, name='DROP'), 'vllm_pools', 'in no pool'),
     ('chat', 'vllm_pools', 'not a list'),
@@ -79,3 +87,20 @@ def test_each_mistake_is_refused_with_the_variable_and_a_fix(bad, var, words):
     assert hits, problems
     for v, host, problem, fix in problems:
         assert v and host and problem and fix
+
+
+def test_the_roles_read_the_pools_from_hostvars_and_each_instance_its_pool():
+    hostvars = {h: {'vllm_instances': [{'name': n, 'port': 8100 + k} for k, n in enumerate(names)]}
+                for h, names in INSTANCES.items()}
+    hostvars['r1'] = hostvars['r2'] = {}
+    assert pools.bundle_inventory_pools(TWO, GROUPS, hostvars, DEFAULTS) == pools.bundle_pools(
+        TWO, GROUPS, INSTANCES, DEFAULTS)
+    all_pools = pools.bundle_inventory_pools(TWO, GROUPS, hostvars, DEFAULTS)
+    fast = pools.bundle_instance_pool(all_pools, 'p1', 'prefill1')
+    assert (fast['name'], fast['model'], fast['served_model_name'], fast['settings']) == (
+        'fast', 'Qwen/Qwen3-0.6B', 'Qwen3-0.6B', {})
+    assert pools.bundle_instance_pool(all_pools, 'd1', 'decode0')['settings'] == {'vllm_max_model_len': 32768}
+    [implicit] = pools.bundle_inventory_pools([], GROUPS, hostvars, DEFAULTS)
+    assert pools.bundle_instance_pool([implicit], 'p2', 'prefill0')['served_model_name'] == 'qwen3-32b'
+    with pytest.raises(ValueError, match='in no pool'):
+        pools.bundle_instance_pool(all_pools, 'p2', 'prefill9')
