@@ -5,6 +5,7 @@ A pool, as the inventory writes it (vllm_pools, a list in group_vars/all):
     - name: chat                      # [a-z0-9-], at most POOL_NAME_MAX characters: units, labels, file names
       model: /srv/models/Qwen3-32B    # a path or a hub id, as vllm_model
       model_revision: "2025-04-29"    # as vllm_model_revision
+      model_src: ""                   # as vllm_model_src: a controller directory shipped to model (optional)
       served_model_name: qwen3-32b    # what clients write in the request's "model"; one pool per name
       prefill: [gpu-p1, gpu-p2/prefill1]   # hosts (every instance on them) or host/instance
       decode: [gpu-d1]
@@ -19,6 +20,7 @@ vllm_model_revision (implicit: True). Everything rendered from it is what the bu
 - bundle_inventory_pools(vllm_pools, groups, hostvars, defaults): bundle_pools with the instances read from hostvars.
 - bundle_pool_of(pools, host, instance): the name of the pool an instance serves in (None: none).
 - bundle_instance_pool(pools, host, instance): that pool's model, served name, revision and settings.
+- bundle_host_models(pools, host, own): the models a vLLM host needs on disk (shipped from model_src when set).
 - bundle_router_pool(pools, host): the pool a router routes for.
 - bundle_pool_endpoints(endpoints, pool): the instances (bundle_vllm_endpoints) of a pool: a router's workers.
 - pool_problems(vllm_pools, groups, instances): what is wrong with the inventory's pools, as (var, host, problem, fix)
@@ -30,7 +32,8 @@ DEFAULT_POOL = 'default'
 POOL_NAME_RE = re.compile(r'^[a-z0-9]([a-z0-9-]*[a-z0-9])?$')
 # A pool's name goes into unit names, Prometheus labels, HAProxy backend names and the Mooncake key prefix.
 POOL_NAME_MAX = 32
-POOL_KEYS = ('name', 'model', 'model_revision', 'served_model_name', 'prefill', 'decode', 'routers', 'settings')
+POOL_KEYS = ('name', 'model', 'model_revision', 'model_src', 'served_model_name', 'prefill', 'decode', 'routers',
+             'settings')
 # The settings a pool may give its own instances and routers (vllm_pools[].settings), each read per instance or
 # router where the bundle renders it (instance.env.j2, the router's argv); any other is refused, never ignored.
 POOL_SETTINGS = ('vllm_max_model_len', 'vllm_extra_args', 'vllm_router_prefill_policy', 'vllm_router_decode_policy',
@@ -63,6 +66,7 @@ def implicit_pool(groups, instances, defaults):
     return {
         'name': DEFAULT_POOL, 'implicit': True,
         'model': defaults.get('vllm_model'), 'model_revision': defaults.get('vllm_model_revision'),
+        'model_src': defaults.get('vllm_model_src') or '',
         'served_model_name': defaults.get('vllm_served_model_name'),
         'prefill': _members(groups.get('vllm_prefill') or [], instances),
         'decode': _members(groups.get('vllm_decode') or [], instances),
@@ -89,6 +93,7 @@ def normalize_pools(vllm_pools, groups, instances, defaults=None):
                 'name': str(p.get('name')), 'implicit': False,
                 'model': model,
                 'model_revision': p.get('model_revision', defaults.get('vllm_model_revision')),
+                'model_src': str(p.get('model_src') or ''),
                 'served_model_name': p.get('served_model_name') or (str(model).rstrip('/').rsplit('/', 1)[-1]
                                                                    if model else None),
                 'prefill': _members(p.get('prefill'), instances),
@@ -119,6 +124,21 @@ def bundle_inventory_pools(vllm_pools, groups, hostvars, defaults=None):
     """bundle_pools with each vLLM host's instances read from HOSTVARS (the roles' one way to get the pools)."""
     hosts = list(groups.get('vllm_prefill') or []) + list(groups.get('vllm_decode') or [])
     return normalize_pools(vllm_pools, groups, instance_names(hosts, hostvars), defaults)
+
+
+def bundle_host_models(pools, host, own=None):
+    """[{model, model_src}] a vLLM host needs: its pools' models, each once, in pool order; OWN ({model, model_src}:
+    the host's vllm_model and vllm_model_src) for a host with no instance in a pool (a spare host is provisioned
+    with it, as before pools)."""
+    out = []
+    for pool in pools or []:
+        if any(str(h) == str(host) for role in ROLES for h, _ in pool[role]):
+            item = {'model': pool['model'], 'model_src': pool.get('model_src') or ''}
+            if item not in out:
+                out.append(item)
+    if not out and own:
+        out.append({'model': own.get('model'), 'model_src': own.get('model_src') or ''})
+    return out
 
 
 def bundle_instance_pool(pools, host, instance):
@@ -254,6 +274,7 @@ class FilterModule(object):
             'bundle_pools': bundle_pools,
             'bundle_inventory_pools': bundle_inventory_pools,
             'bundle_instance_pool': bundle_instance_pool,
+            'bundle_host_models': bundle_host_models,
             'bundle_pool_of': bundle_pool_of,
             'bundle_router_pool': bundle_router_pool,
             'bundle_pool_endpoints': bundle_pool_endpoints,

@@ -104,3 +104,15 @@ def test_the_roles_read_the_pools_from_hostvars_and_each_instance_its_pool():
     assert pools.bundle_instance_pool([implicit], 'p2', 'prefill0')['served_model_name'] == 'qwen3-32b'
     with pytest.raises(ValueError, match='in no pool'):
         pools.bundle_instance_pool(all_pools, 'p2', 'prefill9')
+
+
+def test_a_host_needs_the_models_of_its_pools_and_a_spare_host_its_own():
+    two = [dict(TWO[0], model_src='/ctl/chat'), TWO[1]]
+    all_pools = pools.bundle_pools(two, GROUPS, INSTANCES, DEFAULTS)
+    own = {'model': '/srv/models/own', 'model_src': '/ctl/own'}
+    assert pools.bundle_host_models(all_pools, 'p1', own) == [
+        {'model': '/srv/models/Qwen3-32B', 'model_src': '/ctl/chat'}, {'model': 'Qwen/Qwen3-0.6B', 'model_src': ''}]
+    assert pools.bundle_host_models(all_pools, 'p2', own) == [{'model': '/srv/models/Qwen3-32B', 'model_src': '/ctl/chat'}]
+    assert pools.bundle_host_models(all_pools, 'spare', own) == [own]
+    [implicit] = pools.bundle_pools(None, GROUPS, INSTANCES, dict(DEFAULTS, vllm_model_src='/ctl/m'))
+    assert pools.bundle_host_models([implicit], 'd1', own) == [{'model': '/srv/models/Qwen3-32B', 'model_src': '/ctl/m'}]
