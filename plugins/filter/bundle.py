@@ -813,7 +813,7 @@ def _pin(cfg, package_var, version_var):
 
 
 # The venvs the bundle builds, each installed from its hash-locked file common_pip_lock_dir/<name>.txt
-# (roles/common/tasks/venv.yml): the role flag of the hosts that build it (preflight_checks' _roles) and its
+# (roles/common/tasks/venv.yml): the role flag of the hosts that build it (the preflight checks' _roles) and its
 # pinned packages from a host's settings. The roles' install tasks and preflight's packages_lock read this.
 VENVS = {
     'mooncake': ('engine', lambda c: [_pin(c, 'mooncake_package', 'mooncake_version')]),

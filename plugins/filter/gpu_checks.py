@@ -4,17 +4,7 @@ Inputs are the facts of plugins/modules/gpu_facts.py (ansible_facts.gpu) and a h
 names the host, the variable or fact, its value and the fix. Run by roles/gpu (tasks/preflight.yml) and the rdma
 role's preflight, on vllm_platform=cuda hosts only.
 """
-import importlib.util
-import os
 import re
-
-# siblings.py by path with importlib (runpy.run_path asks sys.path_hooks first: in an installed collection Ansible's
-# collection path hook takes the file for a package directory).
-_siblings_spec = importlib.util.spec_from_file_location(
-    '_pd_bundle_filter_siblings', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))
-_siblings = importlib.util.module_from_spec(_siblings_spec)
-_siblings_spec.loader.exec_module(_siblings)
-_sibling = _siblings.load
 
 # CUDA major -> oldest Linux driver that runs it (minor version compatibility). Source: NVIDIA CUDA Toolkit
 # Release Notes, table 3 "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version
@@ -43,7 +33,7 @@ def _vstr(vt):
 def cuda_major(cfg):
     """The CUDA major the pinned wheels are built for: vLLM >= VLLM_CUDA13_FROM (preflight_checks) is CUDA 13,
     older official vLLM CUDA 12; a mooncake wheel named ...-cudaNN needs NN, the plain one 12. The highest wins."""
-    checks = _sibling('preflight_checks')
+    from ansible_collections.pd_bundle.serving.plugins.plugin_utils.preflight import core as checks
     majors = []
     if str(cfg.get('vllm_package', 'vllm')) == 'vllm' and _version(cfg.get('vllm_version')):
         majors.append(13 if _version(cfg.get('vllm_version'))[:2] >= checks.VLLM_CUDA13_FROM else 12)

@@ -14,7 +14,7 @@ Filters:
 - bundle_vllm_serve_extra_args: SERVE_EXTRA_ARGS: the extra args, then the managed flags that follow them
 - bundle_vllm_user_env: the operator's env dict, refused when it names a managed variable
 - bundle_vllm_user_store_config: the operator's mooncake.json fields, refused when one is managed
-Helpers for preflight (plugins/filter/preflight_checks.py): parse_flags, flag_name, managed_flag.
+Helpers for preflight (plugins/plugin_utils/preflight/): parse_flags, flag_name, managed_flag.
 """
 import re
 

@@ -16,7 +16,7 @@ Pure functions (no Ansible state), unit-tested in tests/unit/test_preflight_filt
 - preflight_role_files:       the roles' defaults files and argument spec files under a roles directory (controller side)
 - preflight_example_secrets:  vault data in the inventory that the repo's own TEST-ONLY / LAB-ONLY passwords decrypt
 - preflight_load_roles:       those files read: every role's defaults merged, and each role's main argument spec
-                              ({role, file, groups, options}) for the checks (plugins/filter/preflight_checks.py)
+                              ({role, file, groups, options}) for the checks (plugins/plugin_utils/preflight/)
 - preflight_spec_failures:    a failed validate_argument_spec loop as one message per refused variable (its host, value,
                               the declared type/choices and the fix)
 """

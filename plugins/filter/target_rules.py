@@ -1,6 +1,6 @@
 """The targets' own rules as data, each with its source: what vLLM, etcd, pip and systemd accept, and which
-vLLM settings prefill and decode must share. Read by plugins/filter/preflight_checks.py (classes pd, values,
-sandbox); no filter of its own. Unit-tested through the checks (tests/unit/test_preflight_classes.py).
+vLLM settings prefill and decode must share. Read by the preflight checks, plugins/plugin_utils/preflight/ (classes
+pd, values, sandbox); no filter of its own. Unit-tested through the checks (tests/unit/test_preflight_classes.py).
 """
 import re
 
@@ -232,7 +232,8 @@ def refusal(rule, value, spec_type=None):
 
 # --- what the hardened units hide or make read-only ---------------------------------------------------------
 # The sandbox directives every unit takes from templates/common/hardening.j2 (read from that file by
-# preflight_checks.sandbox_directives) and what systemd does to paths under each (systemd.exec(5)):
+# sandbox_directives, plugins/plugin_utils/preflight/sandbox.py) and what systemd does to paths under each
+# (systemd.exec(5)):
 # hidden: not there at all for the service; private: a fresh, empty directory per service (gone at stop);
 # read_only: mounted read-only, except the unit's own writable paths (StateDirectory=, ReadWritePaths=,
 # RuntimeDirectory=) and the API file systems.

@@ -1,5 +1,6 @@
-"""Unit tests for plugins/filter/preflight_checks.py: every check refuses one bad input (the message names the
-variable, the host and the fix) and passes a good small fleet built from the roles' real defaults and specs."""
+"""Unit tests for the preflight checks (the package plugins/plugin_utils/preflight/, which the filters of
+plugins/filter/preflight_checks.py run): every check refuses one bad input (the message names the variable, the host
+and the fix) and passes a good small fleet built from the roles' real defaults and specs."""
 import copy
 import importlib.util
 import os
@@ -7,6 +8,7 @@ import tempfile
 
 import pytest
 import yaml
+from ansible_collections.pd_bundle.serving.plugins.plugin_utils import preflight as pc  # tests/conftest.py: sys.path
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -18,7 +20,6 @@ def _load(name, path):
     return mod
 
 
-pc = _load("preflight_checks", "plugins/filter/preflight_checks.py")
 pf = _load("preflight_filter", "plugins/filter/preflight.py")
 ROLE_GROUPS = yaml.safe_load(open(os.path.join(REPO, "roles", "preflight", "defaults", "main.yml")))["preflight_role_groups"]
 ROLES = pf.load_roles(os.path.join(REPO, "roles"), ROLE_GROUPS)
@@ -129,8 +130,8 @@ INVENTORY.update({h: v for h, v in entry_inv().items() if h.startswith("entry-")
 def write_locks(directory, cfg, hashed=True):
     """Each venv's lock (scripts/pip-lock.py's format) pinning what a host with settings cfg installs."""
     os.makedirs(directory, exist_ok=True)
-    for name in pc._bundle.VENVS:
-        lines = ["%s --hash=sha256:%s" % (p, "0" * 64) if hashed else p for p in pc._bundle.venv_pins(cfg, name)]
+    for name in pc.core._bundle.VENVS:
+        lines = ["%s --hash=sha256:%s" % (p, "0" * 64) if hashed else p for p in pc.core._bundle.venv_pins(cfg, name)]
         with open(os.path.join(directory, name + ".txt"), "w") as f:
             f.write("# test lock\n" + "\n".join(lines + ["idna==3.20 --hash=sha256:" + "1" * 64]) + "\n")
 
@@ -397,8 +398,8 @@ def test_fleet_phases_split_the_checks():
 def test_a_check_that_raises_counts_only_alone():
     boom = {"id": "boom", "skip": "x", "scope": "host", "phase": "host", "fn": lambda *a: 1 / 0}
     fine = {"id": "fine", "skip": "x", "scope": "host", "phase": "host", "fn": lambda *a: ["bad value. Fix: this."]}
-    assert pc._run([boom, fine], (), "h1") == ["bad value. Fix: this."]
-    only = pc._run([boom], (), "h1")
+    assert pc.runner._run([boom, fine], (), "h1") == ["bad value. Fix: this."]
+    only = pc.runner._run([boom], (), "h1")
     assert len(only) == 1 and "boom" in only[0] and "h1" in only[0] and "Fix:" in only[0]
 
 
@@ -424,10 +425,10 @@ def test_readme_lists_every_check():
 def test_router_api_keys_same_key_passes_and_values_never_show():
     two = groups_with(vllm_router=["router-1", "router-2"])
     same = {"vllm_router_api_key": "key-aaaa"}
-    assert pc.router_api_keys(fleet(two_routers(same, same)), "ctl-1", two, SPECS) == []
-    assert pc.router_api_keys(fleet(two_routers({}, {})), "ctl-1", two, SPECS) == []  # no key anywhere
+    assert pc.store.router_api_keys(fleet(two_routers(same, same)), "ctl-1", two, SPECS) == []
+    assert pc.store.router_api_keys(fleet(two_routers({}, {})), "ctl-1", two, SPECS) == []  # no key anywhere
     # One router without a key: it would send none, and every instance refuses it.
-    (msg,) = pc.router_api_keys(fleet(two_routers(same, {})), "ctl-1", two, SPECS)
+    (msg,) = pc.store.router_api_keys(fleet(two_routers(same, {})), "ctl-1", two, SPECS)
     assert "router-1: key #1; router-2: no key" in msg and "key-aaaa" not in msg
     (msg,) = run("router_api_keys", *FAILING["router_api_keys"][1:3])
     assert "key-aaaa" not in msg and "key-bbbb" not in msg
@@ -568,7 +569,7 @@ def test_packages_lock_reads_what_pip_lock_writes(tmp_path):
     report = {"install": [{"metadata": {"name": "Foo_Bar", "version": "1.0"},
                            "download_info": {"archive_info": {"hashes": {"sha256": "ab" * 32}}}}]}
     text = lock.lock_text(lock.report_pins(report), "scripts/pip-lock.py foo-bar==1.0")
-    assert pc.read_lock(text) == ({"foo-bar": "1.0"}, [])
+    assert pc.settings.read_lock(text) == ({"foo-bar": "1.0"}, [])
 
 
 @pytest.mark.parametrize("url, expected", [

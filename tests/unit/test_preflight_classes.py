@@ -114,7 +114,7 @@ def test_pd_consistency_refuses(case):
 def test_pd_tp_layout_refuses_sizes_that_do_not_divide():
     inv = inv_with({'gpu-d1': {'vllm_instances': [{'name': 'decode0', 'port': 8200, 'gpus': [0, 1, 2],
                                                    'tensor_parallel_size': 3}]}})
-    msgs = pc.pd_tp_layout(fleet(inv), 'ctl-1', GROUPS, SPECS)
+    msgs = pc.fleet.pd_tp_layout(fleet(inv), 'ctl-1', GROUPS, SPECS)
     assert len(msgs) == 1  # prefill0 (4) and prefill1 (4 GPUs) x decode0 (3): one message per size pair
     for sub in ['prefill gpu-p1/prefill0 (vllm_instances[prefill0].tensor_parallel_size=4)',
                 'decode gpu-d1/decode0 (vllm_instances[decode0].tensor_parallel_size=3)', 'and 1 more pairs', 'Fix:']:
@@ -123,7 +123,7 @@ def test_pd_tp_layout_refuses_sizes_that_do_not_divide():
 
 def test_pd_tp_layout_reads_the_extra_args_too():
     inv = inv_with({'gpu-d1': {'vllm_instances.0.extra_args': ['-tp', '3']}})
-    msgs = pc.pd_tp_layout(fleet(inv), 'ctl-1', GROUPS, SPECS)
+    msgs = pc.fleet.pd_tp_layout(fleet(inv), 'ctl-1', GROUPS, SPECS)
     assert msgs and 'decode gpu-d1/decode0 (vllm_instances[decode0].extra_args=3)' in msgs[0]
 
 
@@ -294,18 +294,18 @@ def _systemd_ignores(tmp_path, line):
     return lines
 
 
-@pytest.mark.parametrize('var', sorted(pc._rules.SYSTEMD_RULES))
+@pytest.mark.parametrize('var', sorted(pc.core._rules.SYSTEMD_RULES))
 def test_systemd_rules_agree_with_systemd(var, tmp_path):
     """Each systemd rule refuses what systemd-analyze verify ignores, and passes what it takes."""
-    rule = pc._rules.SYSTEMD_RULES[var]
-    spec_type = pc._spec_type(SPECS, var)
+    rule = pc.core._rules.SYSTEMD_RULES[var]
+    spec_type = pc.managed._spec_type(SPECS, var)
     # A value of another type ('10min' for an int) is its argument spec's to refuse, not a rule's.
     bad, good = {'mooncake_master_restart_sec': (-1, 3), 'vllm_state_dir': ('/srv/vllm', '/var/lib/vllm-pd')}[var]
     for value, refused in ((bad, True), (good, False)):
         rendered = rule['unit_line'] % (value if var != 'vllm_state_dir' else
                                         (value[len('/var/lib/'):] if value.startswith('/var/lib/') else value))
         assert bool(_systemd_ignores(tmp_path, rendered)) == refused, rendered
-        assert (pc._rules.refusal(rule, value, spec_type) is not None) == refused, value
+        assert (pc.core._rules.refusal(rule, value, spec_type) is not None) == refused, value
 
 
 # --- class 4: unit sandboxes -------------------------------------------------------------------------
@@ -354,8 +354,8 @@ def test_sandbox_legal(case):
 
 def test_sandbox_comes_from_the_macro_and_the_unit_templates():
     """The directives preflight knows are the macro's; each unit's writable paths are its template's lines."""
-    assert pc.sandbox_directives() == {'ProtectSystem': 'strict', 'ProtectHome': 'yes', 'PrivateTmp': 'yes'}
-    for unit, spec in pc._rules.UNIT_PATHS.items():
+    assert pc.sandbox.sandbox_directives() == {'ProtectSystem': 'strict', 'ProtectHome': 'yes', 'PrivateTmp': 'yes'}
+    for unit, spec in pc.core._rules.UNIT_PATHS.items():
         text = open(os.path.join(REPO, 'templates', spec['template'])).read()
         assert "import hardening" in text, unit
         for line in spec['writable'].values():
@@ -365,7 +365,7 @@ def test_sandbox_comes_from_the_macro_and_the_unit_templates():
 def test_sandbox_reads_other_directives(tmp_path):
     macro = tmp_path / 'hardening.j2'
     macro.write_text('ProtectSystem=full\nProtectHome=read-only\n')
-    box = pc._sandbox(pc.sandbox_directives(str(macro)))
+    box = pc.sandbox._sandbox(pc.sandbox.sandbox_directives(str(macro)))
     assert box == {'hidden': [], 'private': [], 'read_only': ['/usr', '/boot', '/efi', '/etc', '/home', '/root',
                                                                '/run/user']}
 
@@ -417,19 +417,19 @@ def test_hosts_outside_the_bundle_groups_need_no_address():
 
 def test_master_and_etcd_tables_are_their_renderers():
     """The master's flags and etcd's environment are read from the files that render them."""
-    flags = pc._renderer_names(*pc.MASTER_ARGS_RENDERER)
+    flags = pc.managed._renderer_names(*pc.managed.MASTER_ARGS_RENDERER)
     assert {'--rpc_port', '--metrics_port', '--enable_ha', '--cluster_id'} <= set(flags)
-    env = pc._renderer_names(*pc.ETCD_ENV_RENDERER)
+    env = pc.managed._renderer_names(*pc.managed.ETCD_ENV_RENDERER)
     assert {'ETCD_NAME', 'ETCD_DATA_DIR', 'ETCD_INITIAL_CLUSTER', 'ETCD_LISTEN_CLIENT_URLS'} <= set(env)
 
 
 def test_value_rules_name_real_settings_and_take_types_from_the_specs():
     """Every rule is about a setting a role's argument spec declares; a number's type is the spec's."""
-    rules = dict(pc._rules.SYSTEMD_RULES)
-    for per_role in pc._rules.VAR_RULES.values():
+    rules = dict(pc.core._rules.SYSTEMD_RULES)
+    for per_role in pc.core._rules.VAR_RULES.values():
         rules.update(per_role)
     for var, rule in rules.items():
-        opt = pc._option(SPECS, var)
+        opt = pc.core._option(SPECS, var)
         assert opt, '%s: no argument spec declares it' % var
         assert 'type' not in rule, '%s: the type lives in the argument spec' % var
         if 'kind' not in rule:
@@ -450,7 +450,7 @@ def _reachable_cases():
     the host's own address and on a loopback one), a wildcard (refused where the address is advertised), "" and a
     name."""
     out = []
-    for var, a in sorted(pc.REACHABLE.items()):
+    for var, a in sorted(pc.addresses.REACHABLE.items()):
         ip = ROLE_HOST[a['role']][2] if var != 'entry_vip' else '10.0.0.50'
         out += [(var, v, 'loopback') for v in LOOPBACKS]
         out += [(var, ip + ':8000', 'has a port suffix (:8000)'), (var, '[fd00::5]:8000', 'has a port suffix (:8000)'),
@@ -471,7 +471,7 @@ def test_reachable_addresses(var, value, refused):
     """Each address another host must reach is refused loopback, a port suffix and a name everywhere, a wildcard
     where it is advertised, "" where it does not mean "derive it"; the message names the variable, the host and
     the fix (the port's own variable for a port suffix)."""
-    a = pc.REACHABLE[var]
+    a = pc.addresses.REACHABLE[var]
     host, groups, _ = ROLE_HOST[a['role']]
     if not refused:
         assert_passes('addresses', {host: {var: value}}, groups)
@@ -489,7 +489,7 @@ def test_reachable_addresses_only_where_the_role_runs():
 
 
 def test_reachable_port_suffix_fix_names_the_address_and_the_port():
-    (msg,) = pc.addresses_reachable(fleet(inv_with({'ctl-1': {'mooncake_master_rpc_address': '10.0.0.11:50051'}}))
+    (msg,) = pc.addresses.addresses_reachable(fleet(inv_with({'ctl-1': {'mooncake_master_rpc_address': '10.0.0.11:50051'}}))
                                     ['ctl-1']['_preflight_cfg'], 'ctl-1', GROUPS, SPECS)
     assert 'Fix: set mooncake_master_rpc_address to "10.0.0.11" alone and the port in mooncake_master_rpc_port.' in msg
 
@@ -498,7 +498,7 @@ def test_a_vip_the_address_check_refuses_is_named_once():
     """entry_vip leaves a loopback, bind-any or ADDR:PORT VIP to addresses_reachable (one message per mistake)."""
     for vip in ('127.0.0.50', '0.0.0.0', '10.0.0.50:443'):
         inv = inv_with({h: {'entry_vip': vip} for h in ('entry-1', 'entry-2')})
-        assert pc.entry_vip(fleet(inv), 'ctl-1', ENTRY_GROUPS, SPECS) == []
+        assert pc.entry.entry_vip(fleet(inv), 'ctl-1', ENTRY_GROUPS, SPECS) == []
         assert run_class('addresses', inv, ENTRY_GROUPS)
 
 
@@ -516,12 +516,12 @@ def test_reachable_is_every_address_setting_of_the_specs():
     host's own address (common_host_ip: addresses_usable); its ports and roles are real."""
     import re
     names = {var for spec in SPECS for var in spec['options'] if re.search(r'(_host|_address|_vip|_ip)$', var)}
-    assert names == set(pc.REACHABLE) | {'common_host_ip'}
-    roles = set(pc._roles('x', {}))
-    for var, a in pc.REACHABLE.items():
+    assert names == set(pc.addresses.REACHABLE) | {'common_host_ip'}
+    roles = set(pc.core._roles('x', {}))
+    for var, a in pc.addresses.REACHABLE.items():
         assert a['role'] in roles, var
-        assert a['port'] == 'vllm_instances[].port' or pc._option(SPECS, a['port']), var
-        assert pc._option(SPECS, var).get('type') == 'str', var
+        assert a['port'] == 'vllm_instances[].port' or pc.core._option(SPECS, a['port']), var
+        assert pc.core._option(SPECS, var).get('type') == 'str', var
 
 
 # --- class 6: TLS paths (TLS_PATHS) --------------------------------------------------------------------------------
@@ -529,7 +529,7 @@ def test_reachable_is_every_address_setting_of_the_specs():
 def _tls_cases():
     """(var, value, refused phrase or None) for every path of TLS_PATHS while its TLS is on."""
     out = []
-    for role, t in sorted(pc.TLS_PATHS.items()):
+    for role, t in sorted(pc.tls.TLS_PATHS.items()):
         for var, (where, need, _) in sorted(t['paths'].items()):
             out += [(var, '', None if need == 'optional' else 'is empty'),
                     (var, 'pki/x.pem', 'is not an absolute path'), (var, '/srv/pki/x.pem', None)]
@@ -543,7 +543,7 @@ TLS_ON = {'etcd_tls_enabled': True}
 
 
 def _tls_role(var):
-    return next(role for role, t in pc.TLS_PATHS.items() if var in t['paths'])
+    return next(role for role, t in pc.tls.TLS_PATHS.items() if var in t['paths'])
 
 
 @pytest.mark.parametrize('var,value,refused', TLS_CASES, ids=['%s=%s' % (c[0], c[1] or '""') for c in TLS_CASES])
@@ -557,7 +557,7 @@ def test_tls_paths(var, value, refused):
     if not refused:
         assert_passes('tls', {host: changes}, groups)
         return
-    switch = pc.TLS_PATHS[_tls_role(var)]['switch']
+    switch = pc.tls.TLS_PATHS[_tls_role(var)]['switch']
     assert_refused('tls', {host: changes}, ['%s="%s" on %s %s' % (var, value, host, refused)]
                    + (['while %s is true' % switch] if switch else []) + ['Fix: set %s to an absolute path' % var], groups)
 
@@ -588,15 +588,15 @@ def test_tls_paths_are_the_paths_the_tls_tasks_use():
     def names(pattern, *files):
         return {n for f in files for n in re.findall(pattern, open(os.path.join(REPO, f)).read())}
     assert names(r'\b(etcd_[a-z_]+_(?:file|dir))\b', 'roles/etcd/tasks/configure_tls.yml') \
-        == set(pc.TLS_PATHS['etcd']['paths'])
+        == set(pc.tls.TLS_PATHS['etcd']['paths'])
     assert names(r'\b(entry_tls_[a-z_]+_(?:file|dir))\b', 'roles/entry/tasks/configure.yml') \
-        == set(pc.TLS_PATHS['entry']['paths'])
+        == set(pc.tls.TLS_PATHS['entry']['paths'])
     assert names(r'\b(monitoring_[a-z_]+_dir)\b', 'templates/monitoring/scrape_configs.yml.j2') \
-        == set(pc.TLS_PATHS['monitoring']['paths'])
-    for t in pc.TLS_PATHS.values():
-        assert t['switch'] is None or pc._option(SPECS, t['switch']).get('type') == 'bool'
+        == set(pc.tls.TLS_PATHS['monitoring']['paths'])
+    for t in pc.tls.TLS_PATHS.values():
+        assert t['switch'] is None or pc.core._option(SPECS, t['switch']).get('type') == 'bool'
         for var in t['paths']:
-            assert pc._option(SPECS, var).get('type') == 'str', var
+            assert pc.core._option(SPECS, var).get('type') == 'str', var
 
 
 def test_role_guards_are_registration_parameters():
@@ -604,7 +604,8 @@ def test_role_guards_are_registration_parameters():
     hosts: no check body repeats `if not _roles(...)[role]: return []` (issue 33: one guard, not 34 copies). The
     runner's own skip is shown on a host that runs no monitoring."""
     import re
-    src = open(os.path.join(REPO, 'plugins', 'filter', 'preflight_checks.py')).read()
+    from test_preflight_messages import CHECK_FILES
+    src = ''.join(open(path).read() for path in CHECK_FILES)  # the filter file and every module of the package
     assert not re.findall(r"if not _roles\(host, groups(?:, cfg)?\)\['[a-z_]+'\]", src)
     guarded = [c for c in pc.CHECKS if c['role']]
     assert len(guarded) >= 30 and all(c['scope'] == 'host' for c in guarded)

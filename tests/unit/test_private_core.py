@@ -89,7 +89,7 @@ def ansible_imports(source):
 
 
 def bundle_touches():
-    files = [p for sub in SCANNED for p in sorted((REPO / 'plugins' / sub).glob('*.py'))]
+    files = [p for sub in SCANNED for p in sorted((REPO / 'plugins' / sub).rglob('*.py'))]  # packages too
     bundle_own = set().union(*(defined(p.read_text()) for p in files))
     found = {}
     for path in files:
@@ -113,6 +113,13 @@ def test_every_private_attribute_the_bundle_touches_is_listed():
 def test_no_stale_entry():
     stale = {n for n in listed() if _private(n)} - set(bundle_touches())
     assert not stale, 'PRIVATE lists %s, which nothing in plugins/ touches any more' % sorted(stale)
+
+
+def test_the_scan_reads_the_packages_of_plugins():
+    """plugins/plugin_utils/preflight/ (the preflight checks, a package) is scanned, every module of it."""
+    package = REPO / 'plugins' / 'plugin_utils' / 'preflight'
+    scanned = {p for sub in SCANNED for p in (REPO / 'plugins' / sub).rglob('*.py')}
+    assert len(list(package.glob('*.py'))) >= 12 and set(package.glob('*.py')) <= scanned
 
 
 def test_the_scan_sees_a_new_private_use():

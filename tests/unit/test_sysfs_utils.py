@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -84,14 +85,23 @@ def test_index_in_pci_order():
     assert index_in_pci_order([]) == []
 
 
+SYSFS_FQCN = "ansible_collections.pd_bundle.serving.plugins.module_utils.sysfs"
+
+
 @pytest.mark.parametrize("name", ["gpu_facts", "rdma_facts"])
-def test_modules_read_sysfs_through_the_shared_helpers(name):
-    """One copy: the modules import the helpers from module_utils, they do not define their own."""
+@pytest.mark.parametrize("collection", [True, False], ids=["by-collection-name", "clone-fallback"])
+def test_modules_read_sysfs_through_the_shared_helpers(name, collection, monkeypatch):
+    """One copy: the modules import the helpers from module_utils, they do not define their own: by the collection's
+    name where it is importable (tests/conftest.py puts the clone's collections/ on sys.path, as an installed
+    collection is), else (a clone without it: that name blocked here) as ansible.module_utils.sysfs."""
+    if not collection:
+        monkeypatch.setitem(sys.modules, SYSFS_FQCN, None)  # an import of it raises ImportError
     spec = importlib.util.spec_from_file_location("sysfs_user_" + name, os.path.join(REPO, "plugins", "modules",
                                                                                       name + ".py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     for helper in ("read_text", "parse_int", "pci_numa_node", "nvidia_pci_functions", "index_in_pci_order"):
-        assert getattr(mod, helper).__module__ == "ansible.module_utils.sysfs", (name, helper)
+        assert getattr(mod, helper).__module__ == (SYSFS_FQCN if collection else "ansible.module_utils.sysfs"), (
+            name, helper)
     for fact in ("NVIDIA_VENDOR", "GPU_CLASS_PREFIXES"):
         assert not hasattr(mod, fact), (name, fact)
