@@ -253,6 +253,11 @@ FAILING = {
     "router_overrides": ("router-1", with_vars("router-1", vllm_router_prefill_urls=[
                              {"url": "http://10.9.9.9:8100", "bootstrap_port": 8998}]), None,
                          ["On router router-1", "vllm_router_prefill_urls[0].url=http://10.9.9.9:8100 is not a prefill instance"]),
+    "pools_valid": ("ctl-1", with_vars("gpu-p1", vllm_pools=[
+                        {"name": "chat", "model": "/srv/models/m", "prefill": ["gpu-p1/prefill0"], "decode": ["gpu-d1"],
+                         "routers": ["router-1"]}]), None,
+                    ["vllm_pools on ctl-1 puts gpu-p1/prefill1 (a prefill instance) in no pool",
+                     "Fix: add gpu-p1 (or gpu-p1/prefill1) to a pool's prefill."]),
     "pd_engine_equal": ("ctl-1", with_vars("gpu-d1", vllm_served_model_name="x"), None,
                         ["Prefill and decode disagree on --served-model-name", '"x" on decode gpu-d1/decode0']),
     "pd_tp_layout": ("ctl-1", with_instance("gpu-d1", 0, gpus=[0, 1, 2], tensor_parallel_size=3), None,
@@ -650,3 +655,53 @@ def test_an_untested_version_passes_with_the_opt_in():
     assert run("packages_tested_versions", inv, None, "gpu-p1") == []
     msgs = run("packages_tested_versions", with_vars("gpu-p1", mooncake_version="0.3.15"), None, "gpu-p1")
     assert len(msgs) == 1 and 'mooncake_version="0.3.15" on gpu-p1' in msgs[0]
+
+
+# Two model pools on the small fleet: chat (gpu-p1/prefill0 -> gpu-d1) and fast (gpu-p1/prefill1 -> gpu-d2).
+POOLS = [{"name": "chat", "model": "/srv/models/m", "prefill": ["gpu-p1/prefill0"], "decode": ["gpu-d1"],
+          "routers": ["router-1"]},
+         {"name": "fast", "model": "/srv/models/small", "prefill": ["gpu-p1/prefill1"], "decode": ["gpu-d2"],
+          "routers": ["router-2"]}]
+POOL_GROUPS = groups_with(vllm_decode=["gpu-d1", "gpu-d2"], vllm_router=["router-1", "router-2"])
+
+
+def pools_inv(pools=None, **d2):
+    inv = copy.deepcopy(INVENTORY)
+    inv["gpu-d2"] = {"ansible_host": "10.0.1.32", "vllm_model": "/srv/models/m", "vllm_host_gpu_count": 8,
+                     "vllm_instances": [dict({"name": "decode0", "port": 8200, "gpus": [0, 1, 2, 3],
+                                              "tensor_parallel_size": 4}, **d2)]}
+    inv["router-2"] = {"ansible_host": "10.0.0.42"}
+    for h in inv:
+        inv[h]["vllm_pools"] = copy.deepcopy(POOLS if pools is None else pools)
+    return inv
+
+
+def test_pools_of_different_models_pass_and_each_pool_is_checked_on_its_own():
+    assert run("pools_valid", pools_inv(), POOL_GROUPS) == []
+    assert run("pd_engine_equal", pools_inv(), POOL_GROUPS) == []  # chat and fast serve different models
+    assert run("pd_tp_layout", pools_inv(), POOL_GROUPS) == []
+    # Without pools the same fleet is one pool, and fast's other model is refused, as before pools.
+    inv = pools_inv([])
+    inv["gpu-p1"]["vllm_instances"][1]["extra_args"] = ["--block-size", "32"]
+    assert run("pd_engine_equal", inv, POOL_GROUPS)
+    # Inside one pool prefill and decode must still agree: fast's prefill and decode on other block sizes.
+    inv = pools_inv([dict(POOLS[0]), dict(POOLS[1], settings={"vllm_extra_args": ["--block-size", "32"]})])
+    inv["gpu-d2"]["vllm_instances"][0]["extra_args"] = ["--block-size", "16"]
+    out = run("pd_engine_equal", inv, POOL_GROUPS)
+    assert len(out) == 1 and "Prefill and decode of pool fast disagree on --block-size" in out[0], out
+    assert "vllm_pools" in out[0] and "Fix:" in out[0]
+    # Tensor parallelism pairs only inside a pool: fast's decode TP 3 against its prefill (TP 1) fits, and chat's
+    # prefill (TP 4) never pairs with it; in one pool the same layout is refused.
+    def tp3(pools=None):
+        inv = pools_inv(pools, gpus=[0, 1, 2], tensor_parallel_size=3)
+        inv["gpu-p1"]["vllm_instances"][1].update(gpus=[4], tensor_parallel_size=1)
+        return inv
+    assert run("pd_tp_layout", tp3(), POOL_GROUPS) == []
+    out = run("pd_tp_layout", tp3([]), POOL_GROUPS)
+    assert out and "Tensor parallelism of prefill gpu-p1/prefill0" in out[0] and "decode gpu-d2/decode0" in out[0]
+
+
+def test_a_pool_mistake_is_refused_with_the_variable_host_and_fix():
+    bad = [dict(POOLS[0]), dict(POOLS[1], served_model_name="m")]
+    out = run("pools_valid", pools_inv(bad), POOL_GROUPS)
+    assert any("vllm_pools[1].served_model_name" in m and "as pool chat" in m and "Fix:" in m for m in out), out

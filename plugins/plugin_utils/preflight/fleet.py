@@ -7,6 +7,7 @@ import re
 
 from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
 from ansible_collections.pd_bundle.serving.plugins.filter import managed as _managed
+from ansible_collections.pd_bundle.serving.plugins.filter import pools as _pools
 from ansible_collections.pd_bundle.serving.plugins.filter import preflight as _pf
 from ansible_collections.pd_bundle.serving.plugins.filter import target_rules as _rules
 
@@ -159,15 +160,64 @@ def router_overrides(hostvars, host, groups, specs):
     return out
 
 
+# --- model pools (docs/pools.md) ------------------------------------------------------------------------
+
+def _vllm_pools(hostvars, groups):
+    """(vllm_pools as the inventory writes it, {host: [instance name]}) from the vLLM hosts' settings."""
+    cfgs = _cfgs(hostvars, (groups.get('vllm_prefill') or []) + (groups.get('vllm_decode') or []))
+    routers = _cfgs(hostvars, groups.get('vllm_router') or [])
+    written = next((cfg.get('vllm_pools') for _, cfg in cfgs + routers if cfg.get('vllm_pools')), None)
+    names = {h: [str(i.get('name')) for _, i in _instances(cfg) if isinstance(i, dict)] for h, cfg in cfgs}
+    return written, names
+
+
+@check('fleet', scope='fleet')
+def pools_valid(hostvars, host, groups, specs):
+    """vllm_pools names each prefill and decode instance and each router once, with hosts of the right groups, one
+    served model name per pool (plugins/filter/pools.py pool_problems)."""
+    written, names = _vllm_pools(hostvars, groups)
+    if not isinstance(written, list) or not all(isinstance(p, dict) for p in written):
+        return []  # the common role's spec (a list of dicts) refuses it first
+    # Named on the host it is checked on, as every fleet check's message; the pool's hosts are in the problem.
+    return [refuse(var, host, problem, fix) for var, _, problem, fix in _pools.pool_problems(written, groups, names)]
+
+
 # --- prefill/decode consistency (fleet): what KV shape and request length depend on ---------------------
 
+def _pool_cfg(cfg, pool):
+    """A host's settings as its instances of POOL run them: the pool's model, served name, revision and settings
+    over the host's (the implicit pool of an inventory without vllm_pools: the host's, unchanged)."""
+    if pool is None or pool.get('implicit'):
+        return cfg
+    out = dict(cfg, vllm_model=pool['model'], vllm_served_model_name=pool['served_model_name'],
+               vllm_model_revision=pool['model_revision'])
+    out.update(pool.get('settings') or {})
+    return out
+
+
 def _pd_instances(hostvars, groups):
-    """[(side, host, instance, argv)] of every prefill and decode instance that has settings."""
-    out = []
+    """{pool name: [(side, host, instance, argv)]} of every prefill and decode instance that has settings, by the
+    model pool it serves in (one pool, named by pools.DEFAULT_POOL, without vllm_pools); instances that vllm_pools
+    leaves out are pools_valid's."""
+    written, names = _vllm_pools(hostvars, groups)
+    pools = _pools.normalize_pools(written if not _pools.pool_problems(written, groups, names) else None,
+                                   groups, names)
+    out = {}
     for side, group in (('prefill', 'vllm_prefill'), ('decode', 'vllm_decode')):
         for h, cfg in _cfgs(hostvars, groups.get(group) or []):
-            out += [(side, h, inst, _vllm_argv(cfg, inst)) for _, inst in _instances(cfg)]
+            for _, inst in _instances(cfg):
+                name = _pools.bundle_pool_of(pools, h, inst.get('name')) if isinstance(inst, dict) else None
+                pool = next((p for p in pools if p['name'] == name), None)
+                if pool is None:
+                    continue
+                out.setdefault(name, []).append((side, h, inst, _vllm_argv(_pool_cfg(cfg, pool), inst)))
     return out
+
+
+def _of_pool(name):
+    """' of pool NAME' in a message about an explicit pool's instances; '' for the implicit one (its messages are
+    those of the bundle before pools)."""
+    return '' if name == _pools.DEFAULT_POOL else ' of pool %s' % name
 
 
 def _who(items, limit=4):
@@ -178,7 +228,13 @@ def _who(items, limit=4):
 @check('pd_consistency', scope='fleet')
 def pd_engine_equal(hostvars, host, groups, specs):
     """Every setting of target_rules.PD_EQUAL has one value on every prefill and decode instance."""
-    insts = _pd_instances(hostvars, groups)
+    out = []
+    for pool, insts in _pd_instances(hostvars, groups).items():
+        out += _pd_engine_equal(insts, host, pool)
+    return out
+
+
+def _pd_engine_equal(insts, host, pool):
     out = []
     for flag, why in _rules.PD_EQUAL.items():
         by_value = {}
@@ -198,14 +254,18 @@ def pd_engine_equal(hostvars, host, groups, specs):
                                              ' (from %s)' % ', '.join(srcs) if srcs else ''))
         managed = _managed.managed_flag(flag)
         var = managed['vars'] if managed and 'appends' not in managed and re.match(r'^[a-z_]+$', managed['vars']) else None
-        if var:
+        if pool != _pools.DEFAULT_POOL:
+            fix = ('give %s one value for every prefill and decode instance of pool %s: set it in the pool '
+                   '(vllm_pools: model, served_model_name, settings) and remove the per-group, per-host and '
+                   'per-instance values' % (var or flag, pool))
+        elif var:
             fix = ('set %s once for every prefill and decode host (group_vars/all.yml) and remove the per-group, '
                    'per-host and extra-args values' % var)
         else:
             fix = ('give %s one value for every prefill and decode instance: put it once in group_vars/all.yml '
                    'vllm_extra_args and remove it from the per-group, per-host and per-instance extra_args' % flag)
-        out.append(refuse(flag, host, 'Prefill and decode disagree on %s (checked on %s): %s. It must be equal: %s'
-                          % (flag, host, '; '.join(parts), why), '%s.' % fix, whole=True))
+        out.append(refuse(flag, host, 'Prefill and decode%s disagree on %s (checked on %s): %s. It must be equal: %s'
+                          % (_of_pool(pool), flag, host, '; '.join(parts), why), '%s.' % fix, whole=True))
     return out
 
 
@@ -213,15 +273,15 @@ def pd_engine_equal(hostvars, host, groups, specs):
 def pd_tp_layout(hostvars, host, groups, specs):
     """Prefill and decode tensor parallelism: one a multiple of the other (target_rules.PD_TP_FLAG)."""
     bad = {}
-    insts = _pd_instances(hostvars, groups)
-    for p in [i for i in insts if i[0] == 'prefill']:
-        for d in [i for i in insts if i[0] == 'decode']:
-            (tp_p, src_p), (tp_d, src_d) = _effective(p[3], _rules.PD_TP_FLAG), _effective(d[3], _rules.PD_TP_FLAG)
-            if not (_pf.is_intlike(tp_p) and _pf.is_intlike(tp_d)) or int(tp_p) < 1 or int(tp_d) < 1:
-                continue  # gpus_tp refuses it on the host
-            lo, hi = sorted((int(tp_p), int(tp_d)))
-            if hi % lo:
-                bad.setdefault((int(tp_p), int(tp_d)), []).append((p, d, src_p, src_d))
+    pairs_of_pools = [(p, d) for insts in _pd_instances(hostvars, groups).values()
+                      for p in insts if p[0] == 'prefill' for d in insts if d[0] == 'decode']
+    for p, d in pairs_of_pools:
+        (tp_p, src_p), (tp_d, src_d) = _effective(p[3], _rules.PD_TP_FLAG), _effective(d[3], _rules.PD_TP_FLAG)
+        if not (_pf.is_intlike(tp_p) and _pf.is_intlike(tp_d)) or int(tp_p) < 1 or int(tp_d) < 1:
+            continue  # gpus_tp refuses it on the host
+        lo, hi = sorted((int(tp_p), int(tp_d)))
+        if hi % lo:
+            bad.setdefault((int(tp_p), int(tp_d)), []).append((p, d, src_p, src_d))
     out = []
     for (tp_p, tp_d), pairs in sorted(bad.items()):
         p, d, src_p, src_d = pairs[0]
