@@ -649,3 +649,20 @@ def test_an_untested_version_passes_with_the_opt_in():
     assert run("packages_tested_versions", inv, None, "gpu-p1") == []
     msgs = run("packages_tested_versions", with_vars("gpu-p1", mooncake_version="0.3.15"), None, "gpu-p1")
     assert len(msgs) == 1 and 'mooncake_version="0.3.15" on gpu-p1' in msgs[0]
+
+
+def test_entry_rate_limits_per_key_and_pool():
+    """With vllm_pools a limit may name key/pool: the key of entry_keys, the pool of vllm_pools."""
+    cfg = {"entry_keys": {"alice": "a" * 20, "ci": "c" * 20}, "vllm_pools": [{"name": "chat"}, {"name": "code"}],
+           "entry_rate_limits": {"ci/chat": 5, "alice": 3, "ci": 1}}
+    assert pc.entry_rate_limits(cfg, "entry-1", ENTRY_GROUPS, SPECS) == []
+    for bad in ("ci/nope", "bob/chat", "ci/"):
+        msgs = pc.entry_rate_limits(dict(cfg, entry_rate_limits={bad: 5}), "entry-1", ENTRY_GROUPS, SPECS)
+        assert len(msgs) == 1 and 'names "%s"' % bad in msgs[0] and "key/pool" in msgs[0], (bad, msgs)
+    msgs = pc.entry_rate_limits(dict(cfg, vllm_pools=[], entry_rate_limits={"ci/chat": 5}), "entry-1", ENTRY_GROUPS, SPECS)
+    assert len(msgs) == 1  # no pools: no key/pool names
+    # Settings without vllm_pools (no role defaults it): the key is judged, and the pool name's form.
+    loose = {k: v for k, v in cfg.items() if k != "vllm_pools"}
+    assert pc.entry_rate_limits(loose, "entry-1", ENTRY_GROUPS, SPECS) == []
+    assert len(pc.entry_rate_limits(dict(loose, entry_rate_limits={"bob/chat": 1, "ci/Not A Pool": 1}),
+                                    "entry-1", ENTRY_GROUPS, SPECS)) == 2
