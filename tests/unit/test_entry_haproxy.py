@@ -2,7 +2,9 @@
 by the real HAProxy: `haproxy -c`, then a live HAProxy on 127.0.0.1 in front of a python http.server that stands
 for the routers. No key -> 401, a wrong key -> 401, a good key -> 200 on /v1/models (without the client's key
 reaching the router), router admin paths -> 404 even with a good key, the access log names the key and never
-shows it, TLS 1.1 refused, h2 offered, a revoked key -> 401 after a reload, per-key rate limit -> 429.
+shows it, TLS 1.1 refused, h2 offered, a revoked key -> 401 after a reload, per-key rate limit -> 429. With model
+pools (two stand-in routers, one pool each): routing by the body's model, GET /v1/models from the entry, 404/413/403
+in OpenAI's error shape, rate limits per key and pool, health, and a new pool or key access as a reload.
 Skipped only when haproxy is not installed (scripts/install-deps.sh installs it)."""
 import hashlib
 import importlib.util
