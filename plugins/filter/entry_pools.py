@@ -2,9 +2,9 @@
 
 - bundle_entry_pools(host, hostvars, groups, backend): [] for an inventory without vllm_pools (the entry then renders
   what it rendered before pools: one backend of every router); else each pool as {name, backend, served_model_name,
-  backends: [{host, address, port}]}. vllm_pools is the vllm role's variable: read from HOST's settings
-  (bundle_host_cfg: the inventory over the roles' defaults; the inventory's alone while no role defaults it), the
-  routers' addresses and ports from bundle_router_endpoints.
+  backends: [{host, address, port}]}. vllm_pools is the common role's variable (the entry role does not run it):
+  read from HOST's settings (bundle_host_cfg: the inventory over the roles' defaults), the routers' addresses and
+  ports from bundle_router_endpoints.
 - bundle_entry_router_backend(router, entry, hostvars, groups): the HAProxy backend ROUTER is a server of on
   entry host ENTRY (entry_router_backend without pools, its pool's backend with them; None: in no pool), for the
   router role's drain through the entry's admin socket.
@@ -28,9 +28,7 @@ _pools = _siblings.load('pools')
 
 
 def entry_pools(host, hostvars, groups, backend):
-    # The inventory's value over the vllm role's default where a role defaults it, else the inventory's alone.
-    cfg = _bundle.host_cfg(host, hostvars)
-    vllm_pools = cfg['vllm_pools'] if 'vllm_pools' in cfg else _bundle._hv(hostvars, host).get('vllm_pools')
+    vllm_pools = _bundle.host_cfg(host, hostvars).get('vllm_pools')
     if not vllm_pools:
         return []
     out = []

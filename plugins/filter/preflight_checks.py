@@ -1843,23 +1843,18 @@ def entry_keys(cfg, host, groups, specs):
     return out
 
 
-_POOL_NAME = _sibling('pools').POOL_NAME_RE
-
-
 @check('entry', role='entry')
 def entry_rate_limits(cfg, host, groups, specs):
     limits, keys = cfg.get('entry_rate_limits', {}), cfg.get('entry_keys') or {}
     if not isinstance(limits, dict):
         return [refuse('entry_rate_limits', host, 'is not a dict', '{key name: requests per entry_rate_limit_period}, '
                        'or {}.', value=limits)]
-    # With model pools a limit may name key/pool (roles/entry/README.md, Model pools). The pool is judged where the
-    # settings carry vllm_pools (a role defaults it); where they do not, only its key and a pool name's form.
-    judged = 'vllm_pools' in cfg
+    # With model pools a limit may name key/pool (roles/entry/README.md, Model pools).
     pools = {str(p.get('name')) for p in cfg.get('vllm_pools') or [] if isinstance(p, dict)}
 
     def known(n):
         key, _, pool = str(n).rpartition('/') if str(n) not in keys and '/' in str(n) else (n, '', None)
-        return key in keys and (pool is None or (pool in pools if judged else bool(_POOL_NAME.match(pool))))
+        return key in keys and (pool is None or pool in pools)
     out = [refuse('entry_rate_limits names %s' % _j(n), host, ', which is no name in entry_keys (%s)%s'
                   % (', '.join(sorted(map(str, keys))) if isinstance(keys, dict) else '-',
                      ' nor key/pool of a pool in vllm_pools (%s)' % ', '.join(sorted(pools)) if pools else ''),

@@ -661,8 +661,3 @@ def test_entry_rate_limits_per_key_and_pool():
         assert len(msgs) == 1 and 'names "%s"' % bad in msgs[0] and "key/pool" in msgs[0], (bad, msgs)
     msgs = pc.entry_rate_limits(dict(cfg, vllm_pools=[], entry_rate_limits={"ci/chat": 5}), "entry-1", ENTRY_GROUPS, SPECS)
     assert len(msgs) == 1  # no pools: no key/pool names
-    # Settings without vllm_pools (no role defaults it): the key is judged, and the pool name's form.
-    loose = {k: v for k, v in cfg.items() if k != "vllm_pools"}
-    assert pc.entry_rate_limits(loose, "entry-1", ENTRY_GROUPS, SPECS) == []
-    assert len(pc.entry_rate_limits(dict(loose, entry_rate_limits={"bob/chat": 1, "ci/Not A Pool": 1}),
-                                    "entry-1", ENTRY_GROUPS, SPECS)) == 2
