@@ -2,9 +2,12 @@
 by the real HAProxy: `haproxy -c`, then a live HAProxy on 127.0.0.1 in front of a python http.server that stands
 for the routers. No key -> 401, a wrong key -> 401, a good key -> 200 on /v1/models (without the client's key
 reaching the router), router admin paths -> 404 even with a good key, the access log names the key and never
-shows it, TLS 1.1 refused, h2 offered, a revoked key -> 401 after a reload, per-key rate limit -> 429.
+shows it, TLS 1.1 refused, h2 offered, a revoked key -> 401 after a reload, per-key rate limit -> 429. With model
+pools (two stand-in routers, one pool each): routing by the body's model, GET /v1/models from the entry, 404/413/403
+in OpenAI's error shape, rate limits per key and pool, health, and a new pool or key access as a reload.
 Skipped only when haproxy is not installed (scripts/install-deps.sh installs it)."""
 import hashlib
+import importlib.util
 import http.client
 import http.server
 import json
@@ -24,6 +27,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location('entry_pools_under_test', REPO / 'plugins' / 'filter' / 'entry_pools.py')
+entry_pools = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(entry_pools)
 HAPROXY = shutil.which('haproxy') or ('/usr/sbin/haproxy' if os.path.exists('/usr/sbin/haproxy') else None)
 needs_haproxy = pytest.mark.skipif(HAPROXY is None, reason='haproxy is not installed (scripts/install-deps.sh)')
 
@@ -49,16 +55,22 @@ def defaults():
     return yaml.safe_load((REPO / 'roles' / 'entry' / 'defaults' / 'main.yml').read_text())
 
 
-def render(tmp, backends, **overrides):
-    """haproxy.cfg as the role renders it: its defaults, the inventory's overrides, the role's internals."""
+def render(tmp, backends, pools=(), **overrides):
+    """haproxy.cfg as the role renders it: its defaults, the inventory's overrides, the role's internals. POOLS:
+    _entry_pools as bundle_entry_pools returns it (none: an inventory without vllm_pools)."""
     v = defaults()
     v.update(overrides)
     v.update(_entry_pem=str(tmp / 'entry.pem'), _entry_keys_map=str(tmp / 'keys.map'),
-             _entry_limits_map=str(tmp / 'rate-limits.map'), _entry_backends=backends,
+             _entry_limits_map=str(tmp / 'rate-limits.map'), _entry_backends=backends, _entry_pools=list(pools),
+             _entry_models_map=str(tmp / 'models.map'), _entry_models_json=str(tmp / 'models.json'),
+             _entry_key_pools_map=str(tmp / 'key-pools.map'),
              _entry_rate_limited=int(v['entry_rate_limit_default']) > 0 or any(int(n) > 0 for n in v['entry_rate_limits'].values()))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined)
+                             undefined=jinja2.StrictUndefined, trim_blocks=True)
+    env.filters['to_json'] = json.dumps
     write_maps(tmp, v['entry_keys'], v['entry_rate_limits'], env)
+    if pools:
+        write_pool_maps(tmp, v, env)
     v.update(_entry_hide_topology_lua=str(tmp / 'hide-topology.lua'))
     (tmp / 'hide-topology.lua').write_text(env.get_template('entry/hide-topology.lua.j2').render(v))
     return env.get_template('entry/haproxy.cfg.j2').render(v)
@@ -69,6 +81,16 @@ def write_maps(tmp, keys, limits, env=None):
     digests = sorted([hashlib.sha256(k.encode()).hexdigest(), n] for n, k in keys.items())
     (tmp / 'keys.map').write_text(env.get_template('entry/keys.map.j2').render(_entry_key_digests=digests))
     (tmp / 'rate-limits.map').write_text(env.get_template('entry/rate-limits.map.j2').render(entry_rate_limits=limits))
+
+
+def write_pool_maps(tmp, v, env=None):
+    """models.map, models.json and key-pools.map as the role renders them (V: _entry_pools, entry_key_models)."""
+    env = env or jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), keep_trailing_newline=True,
+                                    trim_blocks=True)
+    env.filters['to_json'] = json.dumps
+    v = dict(v, _entry_key_pools=entry_pools.entry_key_pools(v.get('entry_key_models'), v['_entry_pools'], v['entry_keys']))
+    for name in ('models.map', 'models.json', 'key-pools.map'):
+        (tmp / name).write_text(env.get_template('entry/%s.j2' % name).render(v))
 
 
 def not_root(cfg):
@@ -354,3 +376,228 @@ def test_takeover_bonus_favours_the_newest_vip_holder(tmp_path):
     assert tick('127.0.0.1') == bonus
     assert tick('192.0.2.1') == bonus and not (run / 'since').exists()  # lost it: the next takeover starts afresh
     assert tick('127.0.0.1') == bonus
+
+
+# Model pools (vllm_pools; roles/entry/README.md, Model pools): two stand-in routers, one pool each; every answer
+# names the router that gave it (X-Stand-In), so a test sees where HAProxy sent each request.
+POOL_KEYS = dict(KEYS, bob='bob-key-00112233445566778899')
+
+
+def stand_in(name):
+    class StandIn(Router):
+        disable_nagle_algorithm = True  # its header and body writes: no 40 ms delayed-ACK wait (the benchmark)
+
+        def end_headers(self):
+            self.send_header('X-Stand-In', name)
+            super().end_headers()
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def two_pools(ra, rb, extra=()):
+    def pool(name, model, server):
+        return {'name': name, 'backend': 'vllm_routers_' + name, 'served_model_name': model,
+                'backends': [{'host': 'router-' + name, 'address': '127.0.0.1', 'port': server.server_port}]}
+    return [pool('chat', 'model-a', ra), pool('code', 'org/model-b', rb)] + [pool(*p) for p in extra]
+
+
+POOL_SETTINGS = {'entry_keys': POOL_KEYS, 'entry_key_models': {'ci': ['chat']},
+                 'entry_rate_limits': {'alice/chat': 2, 'bob': 2}, 'entry_rate_limit_period': '30s'}
+
+
+@pytest.fixture()
+def pool_entry(tmp_path):
+    make_cert(tmp_path)
+    ra, rb = stand_in('a'), stand_in('b')
+    port, check_port = free_port(), free_port()
+    settings = dict(POOL_SETTINGS, entry_port=port, entry_bind_address='127.0.0.1', entry_check_port=check_port,
+                    entry_router_check_interval='200ms')
+    cfg = tmp_path / 'haproxy.cfg'
+    cfg.write_text(not_root(render(tmp_path, [], pools=two_pools(ra, rb), **settings)))
+    log = open(tmp_path / 'haproxy.log', 'w+')
+    proc = subprocess.Popen([HAPROXY, '-W', '-db', '-f', str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            try:
+                if request(port, tmp_path, '/healthz')[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail('haproxy did not become healthy: ' + (tmp_path / 'haproxy.log').read_text())
+        yield {'port': port, 'tmp': tmp_path, 'proc': proc, 'log': tmp_path / 'haproxy.log', 'cfg': cfg,
+               'routers': (ra, rb), 'settings': settings}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        ra.shutdown()
+        rb.shutdown()
+        log.close()
+
+
+def post(port, tmp, path, body, key=POOL_KEYS['alice']):
+    """POST a body (a dict: JSON; bytes as they are) -> (status, X-Stand-In, body)."""
+    ctx = ssl.create_default_context(cafile=str(tmp / 'cert.pem'))
+    conn = http.client.HTTPSConnection('127.0.0.1', port, context=ctx, timeout=20)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request('POST', path, body=data, headers={'Authorization': 'Bearer ' + key, 'Content-Type': 'application/json'})
+    resp = conn.getresponse()
+    out = resp.status, resp.getheader('X-Stand-In'), resp.read()
+    conn.close()
+    return out
+
+
+@needs_haproxy
+def test_pool_config_passes_haproxy_check(tmp_path):
+    make_cert(tmp_path)
+    router = type('S', (), {'server_port': 8000})
+    for extra in ({}, {'entry_rate_limits': {'ci': 20}}, {'entry_rate_limit_default': 100}):
+        cfg = tmp_path / 'haproxy.cfg'
+        cfg.write_text(render(tmp_path, [], pools=two_pools(router, router), entry_keys=POOL_KEYS, **extra))
+        res = subprocess.run([HAPROXY, '-c', '-f', str(cfg)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+        text = cfg.read_text()
+        assert 'backend vllm_routers_chat' in text and 'backend vllm_routers_code' in text
+        assert '\nbackend vllm_routers\n' not in text and text.count('retry-on conn-failure empty-response') == 2
+        assert ('track-sc0 var(txn.key_pool)' in text) == bool(extra)
+
+
+def test_no_pools_renders_what_it_rendered_before(tmp_path):
+    """Without vllm_pools the template's pool parts render nothing: the one backend of every router, no body read."""
+    text = render(tmp_path, [{'host': 'router-1', 'address': '10.10.0.41', 'port': 8000}], entry_keys=KEYS)
+    assert 'default_backend vllm_routers\n' in text and 'backend vllm_routers\n' in text
+    assert 'json_query' not in text and 'use_backend' not in text and 'models.map' not in text
+    assert text.count('option http-buffer-request') == 1  # the backend's, as before
+
+
+@needs_haproxy
+def test_requests_go_to_their_models_pool(pool_entry):
+    port, tmp = pool_entry['port'], pool_entry['tmp']
+    for path in ('/v1/chat/completions', '/v1/completions'):
+        assert post(port, tmp, path, {'model': 'model-a', 'prompt': 'x'})[:2] == (200, 'a'), path
+        assert post(port, tmp, path, {'prompt': 'x', 'model': 'org/model-b'})[:2] == (200, 'b'), path
+    # Streaming: the SSE events come through whole, from the model's pool.
+    status, router, body = post(port, tmp, '/v1/completions?stream=1&cut=10', {'model': 'org/model-b', 'stream': True})
+    events = [line[6:] for line in body.decode().splitlines() if line.startswith('data: ')]
+    assert (status, router, events[-1]) == (200, 'b', '[DONE]') and len(events) == 3, body
+
+
+@needs_haproxy
+def test_unknown_or_missing_model_is_404_in_openai_shape(pool_entry):
+    port, tmp = pool_entry['port'], pool_entry['tmp']
+    for body, shown in (({'model': 'gpt-4'}, 'gpt-4'), ({'model': 'x"}, "y\\\n'}, 'x"}, "y\\\n'), ({'prompt': 'x'}, ''),
+                        (b'not json', ''), ({'model': 'MODEL-A'}, 'MODEL-A')):
+        status, router, raw = post(port, tmp, '/v1/chat/completions', body)
+        err = json.loads(raw)['error']  # the client's model is escaped: the body stays JSON
+        assert (status, router) == (404, None), raw
+        assert err == {'message': 'The model `%s` does not exist.' % shown, 'type': 'invalid_request_error',
+                       'param': 'model', 'code': 'model_not_found'}, raw
+    assert request(port, tmp, '/v1/files', key=POOL_KEYS['alice'])[0] == 404  # no body, no model
+
+
+@needs_haproxy
+def test_a_body_too_large_to_read_its_model_is_413(pool_entry):
+    port, tmp = pool_entry['port'], pool_entry['tmp']
+    big = {'prompt': 'x' * 70000, 'model': 'model-a'}  # the model after entry_bufsize (64 KiB)
+    status, router, raw = post(port, tmp, '/v1/completions', big)
+    assert (status, router, json.loads(raw)['error']['code']) == (413, None, 'request_too_large'), raw
+    status, router, _ = post(port, tmp, '/v1/completions', {'model': 'model-a', 'prompt': 'x' * 70000})
+    assert (status, router) == (200, 'a')  # the model first: readable in the buffer
+
+
+@needs_haproxy
+def test_the_entry_lists_every_pools_model(pool_entry):
+    status, body = request(pool_entry['port'], pool_entry['tmp'], '/v1/models', key=POOL_KEYS['ci'])
+    models = json.loads(body)
+    assert status == 200 and models['object'] == 'list', body
+    assert [(m['id'], m['object'], m['owned_by']) for m in models['data']] == [
+        ('model-a', 'model', 'pd-bundle'), ('org/model-b', 'model', 'pd-bundle')]
+    assert request(pool_entry['port'], pool_entry['tmp'], '/v1/models')[0] == 401  # still a key
+
+
+@needs_haproxy
+def test_a_key_calls_only_its_pools(pool_entry):
+    port, tmp = pool_entry['port'], pool_entry['tmp']
+    assert post(port, tmp, '/v1/chat/completions', {'model': 'model-a'}, key=POOL_KEYS['ci'])[:2] == (200, 'a')
+    status, router, raw = post(port, tmp, '/v1/chat/completions', {'model': 'org/model-b'}, key=POOL_KEYS['ci'])
+    assert (status, router) == (403, None), raw
+    assert json.loads(raw)['error'] == {'message': 'This key may not use the model `org/model-b`.',
+                                        'type': 'permission_error', 'param': 'model', 'code': 'model_not_allowed'}
+    # A key not in entry_key_models calls every pool.
+    assert post(port, tmp, '/v1/chat/completions', {'model': 'org/model-b'}, key=POOL_KEYS['bob'])[:2] == (200, 'b')
+
+
+@needs_haproxy
+def test_rate_limit_per_key_and_pool(pool_entry):
+    port, tmp = pool_entry['port'], pool_entry['tmp']
+
+    def statuses(key, model, n=4):
+        return [post(port, tmp, '/v1/completions', {'model': model}, key=POOL_KEYS[key])[0] for _ in range(n)]
+    # alice/chat: 2; alice on code: no limit (no "alice" entry, default 0).
+    assert statuses('alice', 'model-a') == [200, 200, 429, 429]
+    assert statuses('alice', 'org/model-b') == [200] * 4
+    # bob: 2 for each pool, counted per pool.
+    assert statuses('bob', 'model-a') == [200, 200, 429, 429]
+    assert statuses('bob', 'org/model-b') == [200, 200, 429, 429]
+    status, _, raw = post(port, tmp, '/v1/completions', {'model': 'model-a'}, key=POOL_KEYS['bob'])
+    assert status == 429 and json.loads(raw)['error']['code'] == 'rate_limit_exceeded'
+
+
+@needs_haproxy
+def test_health_with_pools(pool_entry):
+    """200 while a pool has a router up; one pool without routers still leaves the entry 200, its requests 503."""
+    port, tmp = pool_entry['port'], pool_entry['tmp']
+    ra, rb = pool_entry['routers']
+    assert request(port, tmp, '/healthz')[0] == 200
+    rb.shutdown()
+    rb.server_close()
+    deadline = time.time() + 10
+    while post(port, tmp, '/v1/completions', {'model': 'org/model-b'})[0] != 503:
+        assert time.time() < deadline, 'pool code still served without its router'
+        time.sleep(0.2)
+    assert request(port, tmp, '/healthz')[0] == 200
+    assert post(port, tmp, '/v1/completions', {'model': 'model-a'})[:2] == (200, 'a')
+    ra.shutdown()
+    ra.server_close()
+    deadline = time.time() + 10
+    while request(port, tmp, '/healthz')[0] != 503:
+        assert time.time() < deadline, 'the entry still healthy without a router in any pool'
+        time.sleep(0.2)
+
+
+@needs_haproxy
+def test_a_new_pool_or_key_access_is_a_reload(pool_entry):
+    """A third pool and a key's wider access: new files, SIGUSR2 (systemctl reload); a streamed request that was
+    under way finishes, the same master serves the new pool and the wider access."""
+    port, tmp, proc, cfg = pool_entry['port'], pool_entry['tmp'], pool_entry['proc'], pool_entry['cfg']
+    ra, rb = pool_entry['routers']
+    assert post(port, tmp, '/v1/completions', {'model': 'model-c'})[0] == 404
+    assert post(port, tmp, '/v1/completions', {'model': 'org/model-b'}, key=POOL_KEYS['ci'])[0] == 403
+    inflight = {}
+
+    def stream():
+        inflight['out'] = post(port, tmp, '/v1/completions?stream=1&cut=10', {'model': 'model-a', 'stream': True})
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(0.3)  # the stand-in is between its chunks
+    settings = dict(pool_entry['settings'], entry_key_models={'ci': ['chat', 'code']})
+    cfg.write_text(not_root(render(tmp, [], pools=two_pools(ra, rb, [('big', 'model-c', ra)]), **settings)))
+    proc.send_signal(signal.SIGUSR2)
+    deadline = time.time() + 20
+
+    def status(model, key):
+        try:
+            return post(port, tmp, '/v1/completions', {'model': model}, key=POOL_KEYS[key])[0]
+        except (OSError, http.client.HTTPException):  # a connection the old worker closed while handing over
+            return None
+    while status('model-c', 'alice') != 200:
+        assert time.time() < deadline, 'the new pool not served after the reload'
+        time.sleep(0.2)
+    assert status('org/model-b', 'ci') == 200
+    t.join(20)
+    st, router, body = inflight['out']
+    assert (st, router) == (200, 'a') and body.rstrip().endswith(b'data: [DONE]'), body
+    assert proc.poll() is None  # the same master: a reload, not a restart

@@ -705,3 +705,15 @@ def test_a_pool_mistake_is_refused_with_the_variable_host_and_fix():
     bad = [dict(POOLS[0]), dict(POOLS[1], served_model_name="m")]
     out = run("pools_valid", pools_inv(bad), POOL_GROUPS)
     assert any("vllm_pools[1].served_model_name" in m and "as pool chat" in m and "Fix:" in m for m in out), out
+
+
+def test_entry_rate_limits_per_key_and_pool():
+    """With vllm_pools a limit may name key/pool: the key of entry_keys, the pool of vllm_pools."""
+    cfg = {"entry_keys": {"alice": "a" * 20, "ci": "c" * 20}, "vllm_pools": [{"name": "chat"}, {"name": "code"}],
+           "entry_rate_limits": {"ci/chat": 5, "alice": 3, "ci": 1}}
+    assert pc.entry.entry_rate_limits(cfg, "entry-1", ENTRY_GROUPS, SPECS) == []
+    for bad in ("ci/nope", "bob/chat", "ci/"):
+        msgs = pc.entry.entry_rate_limits(dict(cfg, entry_rate_limits={bad: 5}), "entry-1", ENTRY_GROUPS, SPECS)
+        assert len(msgs) == 1 and 'names "%s"' % bad in msgs[0] and "key/pool" in msgs[0], (bad, msgs)
+    msgs = pc.entry.entry_rate_limits(dict(cfg, vllm_pools=[], entry_rate_limits={"ci/chat": 5}), "entry-1", ENTRY_GROUPS, SPECS)
+    assert len(msgs) == 1  # no pools: no key/pool names

@@ -51,9 +51,17 @@ def entry_rate_limits(cfg, host, groups, specs):
     if not isinstance(limits, dict):
         return [refuse('entry_rate_limits', host, 'is not a dict', '{key name: requests per entry_rate_limit_period}, '
                        'or {}.', value=limits)]
-    out = [refuse('entry_rate_limits names %s' % _j(n), host, ', which is no name in entry_keys (%s)'
-                  % (', '.join(sorted(map(str, keys))) if isinstance(keys, dict) else '-'), 'use a name of entry_keys.')
-           for n in limits if not isinstance(keys, dict) or n not in keys]
+    # With model pools a limit may name key/pool (roles/entry/README.md, Model pools).
+    pools = {str(p.get('name')) for p in cfg.get('vllm_pools') or [] if isinstance(p, dict)}
+
+    def known(n):
+        key, _, pool = str(n).rpartition('/') if str(n) not in keys and '/' in str(n) else (n, '', None)
+        return key in keys and (pool is None or pool in pools)
+    out = [refuse('entry_rate_limits names %s' % _j(n), host, ', which is no name in entry_keys (%s)%s'
+                  % (', '.join(sorted(map(str, keys))) if isinstance(keys, dict) else '-',
+                     ' nor key/pool of a pool in vllm_pools (%s)' % ', '.join(sorted(pools)) if pools else ''),
+                  'use a name of entry_keys, or key/pool with a pool of vllm_pools.' if pools else 'use a name of entry_keys.')
+           for n in limits if not isinstance(keys, dict) or not known(n)]
     out += [refuse(var, host, 'is not a count of requests', 'an integer >= 0 (0 = no limit).', value=v)
             for var, v in [('entry_rate_limits[%s]' % n, v) for n, v in limits.items()]
             + [('entry_rate_limit_default', cfg.get('entry_rate_limit_default', 0))]
