@@ -21,33 +21,21 @@ parent_dir: {mode, owner, group} (optional; owner and group default to root): th
 these when the stat shows the file missing, instead of a task of its own that costs every run a command on every host
 (a unit's drop-in directory, the firewall's). A directory that exists is left as it is.
 """
-import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
 from ansible.plugins.action.template import ActionModule as TemplateAction
 from ansible.utils.display import Display
 from ansible.utils.hashing import checksum as local_checksum
-
-
-def _private_core():
-    """plugins/plugin_utils/private_core.py (the gate of every private ansible-core use), one copy per process."""
-    name = 'pd_bundle_private_core'
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'plugin_utils', 'private_core.py'))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
+# The gate of every private ansible-core use (one module: the speed-up callback reads the same).
+from ansible_collections.pd_bundle.serving.plugins.plugin_utils import private_core
 
 
 def speedups_on():
     """Whether the no-op file path and the render shortcut (both on private ansible-core interfaces) run here."""
-    return _private_core().speedups_on(Display().warning)
+    return private_core.speedups_on(Display().warning)
 
 RENDER_DROPS = ('owner', 'group', 'validate', 'seuser', 'serole', 'setype', 'selevel')
 

@@ -136,15 +136,9 @@ def import_collection_filters():
 
 
 def _private_core():
-    """plugins/plugin_utils/private_core.py, one copy per process (bundle_template loads the same)."""
-    name = 'pd_bundle_private_core'
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parents[1] / 'plugin_utils' / 'private_core.py')
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
+    """plugins/plugin_utils/private_core.py, the gate of every private ansible-core use: the module bundle_template
+    imports (this file is loaded from callback_plugins by path; the collection is importable once a playbook runs)."""
+    return importlib.import_module('ansible_collections.%s.plugins.plugin_utils.private_core' % bundle_collection())
 
 
 def speedups_on(warn):

@@ -39,7 +39,6 @@
   variable (status, the firewall, the mooncake role's view of the masters) read it here, so no
   literal copy of another role's default exists anywhere.
 """
-import importlib.util
 import os
 import re
 
@@ -240,7 +239,7 @@ def check_memory(setting, platform, inst):
 def _check_with_nvidia_peermem(host, hv, cfg, protocol):
     """WITH_NVIDIA_PEERMEM of a GPU-memory check end, as the instance's env file gets it (roles/vllm/vars): the
     rdma role's resolved mode of this run, else the setting; auto is decided from this run's GPU facts."""
-    gpu = _sibling('gpu_checks')
+    from ansible_collections.pd_bundle.serving.plugins.filter import gpu_checks as gpu  # imports the preflight package
     mode = hv.get('rdma_gpudirect_mode') or cfg.get('vllm_gpudirect_rdma') or cfg.get('rdma_gpudirect')
     facts = (hv.get('ansible_facts') or {}).get('gpu')
     resolved = gpu.gpudirect_resolve(mode, facts, _boollike(cfg.get('rdma_load_modules', True)))
@@ -741,19 +740,11 @@ _ROLES_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__fil
 _DEFAULTS_CACHE = {}
 
 
-# plugins/filter/NAME.py as a module (filter plugins are not a package): the one loader, siblings.load.
-# siblings.py by path with importlib (runpy.run_path asks sys.path_hooks first: in an installed collection Ansible's
-# collection path hook takes the file for a package directory).
-_siblings_spec = importlib.util.spec_from_file_location(
-    '_pd_bundle_filter_siblings', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))
-_siblings = importlib.util.module_from_spec(_siblings_spec)
-_siblings_spec.loader.exec_module(_siblings)
-_sibling = _siblings.load
-
-
 def _preflight():
-    """plugins/filter/preflight.py (reads the roles' defaults)."""
-    return _sibling('preflight')
+    """plugins/filter/preflight.py (reads the roles' defaults), imported when first needed (it is not needed to
+    import this file)."""
+    from ansible_collections.pd_bundle.serving.plugins.filter import preflight
+    return preflight
 
 
 def role_defaults(roles_dir=None):

@@ -12,19 +12,11 @@
   [key/pool, 1] for each pool a listed key may call, [key, 0] for each listed key (a key not listed may call every
   pool). A key or pool it does not know is an error: a typo must not leave a key unrestricted.
 """
-import importlib.util
-import os
 
 from ansible.errors import AnsibleFilterError
 
-# siblings.py by path with importlib (runpy.run_path asks sys.path_hooks first: in an installed collection Ansible's
-# collection path hook takes the file for a package directory).
-_siblings_spec = importlib.util.spec_from_file_location(
-    '_pd_bundle_filter_siblings', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))
-_siblings = importlib.util.module_from_spec(_siblings_spec)
-_siblings_spec.loader.exec_module(_siblings)
-_bundle = _siblings.load('bundle')
-_pools = _siblings.load('pools')
+from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
+from ansible_collections.pd_bundle.serving.plugins.filter import pools as _pools
 
 
 def entry_pools(host, hostvars, groups, backend):
@@ -56,7 +48,7 @@ def entry_router_backend(router, entry, hostvars, groups):
 def entry_key_pools(entry_key_models, pools, keys):
     entry_key_models = entry_key_models or {}
     if entry_key_models and not pools:
-        raise AnsibleFilterError('entry_key_models is set but vllm_pools is not: set vllm_pools (docs/entry-pools.md) '
+        raise AnsibleFilterError('entry_key_models is set but vllm_pools is not: set vllm_pools (docs/pools.md) '
                                  'or remove entry_key_models')
     names = {p['name'] for p in pools or []}
     lines = []

@@ -25,18 +25,9 @@ Jobs (JOBS order):
 Every target carries labels host (inventory name) and instance (the host, or host/instance for vLLM), so alerts
 and dashboards name inventory hosts, not addresses. A job without hosts has an empty target list.
 """
-import importlib.util
-import os
 
-# siblings.py by path with importlib (runpy.run_path asks sys.path_hooks first: in an installed collection Ansible's
-# collection path hook takes the file for a package directory).
-_siblings_spec = importlib.util.spec_from_file_location(
-    '_pd_bundle_filter_siblings', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))
-_siblings = importlib.util.module_from_spec(_siblings_spec)
-_siblings_spec.loader.exec_module(_siblings)
-_load = _siblings.load
-_bundle = _load('bundle')
-_status = _load('status')
+from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
+from ansible_collections.pd_bundle.serving.plugins.filter import status as _status
 
 JOBS = ('vllm', 'vllm_router', 'mooncake_master', 'mooncake_store_client', 'etcd', 'node', 'prometheus', 'alertmanager')
 VLLM_ROLES = (('vllm_prefill', 'prefill'), ('vllm_decode', 'decode'))

@@ -54,21 +54,12 @@ Alertmanager not running or /-/healthy not 200. An entry or monitoring host that
 import base64
 import calendar
 import csv
-import importlib.util
-import os
 import re
 import time
 
-# siblings.py by path with importlib (runpy.run_path asks sys.path_hooks first: in an installed collection Ansible's
-# collection path hook takes the file for a package directory).
-_siblings_spec = importlib.util.spec_from_file_location(
-    '_pd_bundle_filter_siblings', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'siblings.py'))
-_siblings = importlib.util.module_from_spec(_siblings_spec)
-_siblings_spec.loader.exec_module(_siblings)
-_load = _siblings.load
-_mooncake_etcd = _load('mooncake_etcd')
-_gpu_checks = _load('gpu_checks')
-_bundle = _load('bundle')
+from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
+from ansible_collections.pd_bundle.serving.plugins.filter import gpu_checks as _gpu_checks
+from ansible_collections.pd_bundle.serving.plugins.filter import mooncake_etcd as _mooncake_etcd
 STORE_SSD_UNIT = _bundle.STORE_SSD_UNIT
 
 RED = 'RED'
