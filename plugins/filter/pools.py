@@ -141,21 +141,26 @@ def bundle_host_models(pools, host, own=None):
     return out
 
 
+def pool_of(pools, host, instance):
+    """The pool (its dict) an instance serves in; None for an instance in no pool."""
+    for pool in pools or []:
+        if any([str(host), str(instance)] in pool[role] for role in ROLES):
+            return pool
+    return None
+
+
 def bundle_instance_pool(pools, host, instance):
     """The pool an instance serves in, as {name, implicit, model, model_revision, served_model_name, settings}: what
     its env file renders (instance.env.j2). Raises for an instance in no pool (preflight refuses that inventory)."""
-    for pool in pools or []:
-        if any([str(host), str(instance)] == m for role in ROLES for m in pool[role]):
-            return {k: pool[k] for k in ('name', 'implicit', 'model', 'model_revision', 'served_model_name', 'settings')}
-    raise ValueError('bundle_instance_pool: %s/%s is in no pool (vllm_pools)' % (host, instance))
+    pool = pool_of(pools, host, instance)
+    if pool is None:
+        raise ValueError('bundle_instance_pool: %s/%s is in no pool (vllm_pools)' % (host, instance))
+    return {k: pool[k] for k in ('name', 'implicit', 'model', 'model_revision', 'served_model_name', 'settings')}
 
 
 def bundle_pool_of(pools, host, instance):
-    for pool in pools or []:
-        for role in ROLES:
-            if [str(host), str(instance)] in pool[role]:
-                return pool['name']
-    return None
+    pool = pool_of(pools, host, instance)
+    return pool['name'] if pool else None
 
 
 def bundle_router_pool(pools, host):

@@ -167,8 +167,7 @@ def _vllm_pools(hostvars, groups):
     cfgs = _cfgs(hostvars, (groups.get('vllm_prefill') or []) + (groups.get('vllm_decode') or []))
     routers = _cfgs(hostvars, groups.get('vllm_router') or [])
     written = next((cfg.get('vllm_pools') for _, cfg in cfgs + routers if cfg.get('vllm_pools')), None)
-    names = {h: [str(i.get('name')) for _, i in _instances(cfg) if isinstance(i, dict)] for h, cfg in cfgs}
-    return written, names
+    return written, _pools.instance_names([h for h, _ in cfgs], dict(cfgs))
 
 
 @check('fleet', scope='fleet')
@@ -206,11 +205,9 @@ def _pd_instances(hostvars, groups):
     for side, group in (('prefill', 'vllm_prefill'), ('decode', 'vllm_decode')):
         for h, cfg in _cfgs(hostvars, groups.get(group) or []):
             for _, inst in _instances(cfg):
-                name = _pools.bundle_pool_of(pools, h, inst.get('name')) if isinstance(inst, dict) else None
-                pool = next((p for p in pools if p['name'] == name), None)
-                if pool is None:
-                    continue
-                out.setdefault(name, []).append((side, h, inst, _vllm_argv(_pool_cfg(cfg, pool), inst)))
+                pool = _pools.pool_of(pools, h, inst.get('name')) if isinstance(inst, dict) else None
+                if pool is not None:
+                    out.setdefault(pool['name'], []).append((side, h, inst, _vllm_argv(_pool_cfg(cfg, pool), inst)))
     return out
 
 
