@@ -6,6 +6,7 @@ shows it, TLS 1.1 refused, h2 offered, a revoked key -> 401 after a reload, per-
 pools (two stand-in routers, one pool each): routing by the body's model, GET /v1/models from the entry, 404/413/403
 in OpenAI's error shape, rate limits per key and pool, health, and a new pool or key access as a reload.
 Skipped only when haproxy is not installed (scripts/install-deps.sh installs it)."""
+import contextlib
 import hashlib
 import importlib.util
 import http.client
@@ -170,17 +171,10 @@ class Router(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture()
-def entry(tmp_path):
-    make_cert(tmp_path)
-    router = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Router)
-    threading.Thread(target=router.serve_forever, daemon=True).start()
-    port, check_port = free_port(), free_port()
-    cfg = tmp_path / 'haproxy.cfg'
-    cfg.write_text(not_root(render(tmp_path, [{'host': 'router-1', 'address': '127.0.0.1', 'port': router.server_port}],
-                                   entry_keys=KEYS, entry_port=port, entry_bind_address='127.0.0.1',
-                                   entry_check_port=check_port, entry_router_check_interval='200ms',
-                                   entry_rate_limits={'ci': 3}, entry_rate_limit_period='30s')))
+@contextlib.contextmanager
+def live_haproxy(cfg, port, tmp_path):
+    """HAProxy in master-worker mode on CFG, its output in tmp_path/haproxy.log, once its /healthz on PORT answers
+    200 (15 s, else the test fails with the log); stopped (SIGTERM) afterwards."""
     log = open(tmp_path / 'haproxy.log', 'w+')
     proc = subprocess.Popen([HAPROXY, '-W', '-db', '-f', str(cfg)], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -194,12 +188,29 @@ def entry(tmp_path):
             time.sleep(0.2)
         else:
             pytest.fail('haproxy did not become healthy: ' + (tmp_path / 'haproxy.log').read_text())
-        yield {'port': port, 'tmp': tmp_path, 'proc': proc, 'log': tmp_path / 'haproxy.log', 'check_port': check_port}
+        yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
-        router.shutdown()
         log.close()
+
+
+@pytest.fixture()
+def entry(tmp_path):
+    make_cert(tmp_path)
+    router = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Router)
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    port, check_port = free_port(), free_port()
+    cfg = tmp_path / 'haproxy.cfg'
+    cfg.write_text(not_root(render(tmp_path, [{'host': 'router-1', 'address': '127.0.0.1', 'port': router.server_port}],
+                                   entry_keys=KEYS, entry_port=port, entry_bind_address='127.0.0.1',
+                                   entry_check_port=check_port, entry_router_check_interval='200ms',
+                                   entry_rate_limits={'ci': 3}, entry_rate_limit_period='30s')))
+    try:
+        with live_haproxy(cfg, port, tmp_path) as proc:
+            yield {'port': port, 'tmp': tmp_path, 'proc': proc, 'log': tmp_path / 'haproxy.log', 'check_port': check_port}
+    finally:
+        router.shutdown()
 
 
 def context(tmp):
@@ -415,27 +426,13 @@ def pool_entry(tmp_path):
                     entry_router_check_interval='200ms')
     cfg = tmp_path / 'haproxy.cfg'
     cfg.write_text(not_root(render(tmp_path, [], pools=two_pools(ra, rb), **settings)))
-    log = open(tmp_path / 'haproxy.log', 'w+')
-    proc = subprocess.Popen([HAPROXY, '-W', '-db', '-f', str(cfg)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 15
-        while time.time() < deadline:
-            try:
-                if request(port, tmp_path, '/healthz')[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail('haproxy did not become healthy: ' + (tmp_path / 'haproxy.log').read_text())
-        yield {'port': port, 'tmp': tmp_path, 'proc': proc, 'log': tmp_path / 'haproxy.log', 'cfg': cfg,
-               'routers': (ra, rb), 'settings': settings}
+        with live_haproxy(cfg, port, tmp_path) as proc:
+            yield {'port': port, 'tmp': tmp_path, 'proc': proc, 'log': tmp_path / 'haproxy.log', 'cfg': cfg,
+                   'routers': (ra, rb), 'settings': settings}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
         ra.shutdown()
         rb.shutdown()
-        log.close()
 
 
 def post(port, tmp, path, body, key=POOL_KEYS['alice']):
