@@ -304,6 +304,8 @@ FAILING = {
                    ["entry_keys on entry-1 is empty", "group_vars/entry/main.yml"]),
     "entry_rate_limits": ("entry-1", entry_inv(entry_rate_limits={"bob": 5}), ENTRY_GROUPS,
                           ['entry_rate_limits names "bob" on entry-1', "alice, ci"]),
+    "entry_key_models": ("entry-1", entry_inv(entry_key_models={"ci": ["chat"]}), ENTRY_GROUPS,
+                         ["entry_key_models on entry-1 is set but vllm_pools is not", "Fix: set vllm_pools"]),
     "kv_mode_store_tier_master": ("ctl-1", with_vars("gpu-p1", vllm_store_tier=True), {**GROUPS, "mooncake_master": []},
                                   ["vllm_store_tier is true on gpu-p1 but the group mooncake_master is empty",
                                    "Fix: add one host"]),
@@ -717,3 +719,19 @@ def test_entry_rate_limits_per_key_and_pool():
         assert len(msgs) == 1 and 'names "%s"' % bad in msgs[0] and "key/pool" in msgs[0], (bad, msgs)
     msgs = pc.entry.entry_rate_limits(dict(cfg, vllm_pools=[], entry_rate_limits={"ci/chat": 5}), "entry-1", ENTRY_GROUPS, SPECS)
     assert len(msgs) == 1  # no pools: no key/pool names
+
+
+def test_entry_key_models_names_keys_and_pools():
+    """entry_key_models lists pool names of vllm_pools for keys of entry_keys; a typo, a model name where a pool name
+    belongs, an empty list or a key it does not know is refused before the entry renders anything."""
+    cfg = {"entry_keys": {"alice": "a" * 20, "ci": "c" * 20},
+           "vllm_pools": [{"name": "chat", "model": "/srv/models/m", "served_model_name": "big"},
+                          {"name": "code", "model": "/srv/models/c"}],
+           "entry_key_models": {"ci": ["chat"], "alice": ["chat", "code"]}}
+    assert pc.entry.entry_key_models(cfg, "entry-1", ENTRY_GROUPS, SPECS) == []
+    for bad, want in [({"ci": ["chta"]}, 'names "chta", which is no pool of vllm_pools (chat, code)'),
+                      ({"ci": ["big"]}, "it is the model of pool chat"),
+                      ({"ci": []}, "entry_key_models[ci]=[] on entry-1 is not a list of pool names"),
+                      ({"bob": ["chat"]}, 'entry_key_models names "bob" on entry-1, which is no name in entry_keys')]:
+        msgs = pc.entry.entry_key_models(dict(cfg, entry_key_models=bad), "entry-1", ENTRY_GROUPS, SPECS)
+        assert len(msgs) == 1 and want in msgs[0] and "Fix:" in msgs[0], (bad, msgs)

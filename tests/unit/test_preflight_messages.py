@@ -142,7 +142,7 @@ REGISTRATION_ORDER = [
     # store
     'router_api_keys', 'store_keys', 'router_prefill_render',
     # entry
-    'entry_keys', 'entry_rate_limits', 'entry_prefix_balance', 'entry_tls_files', 'entry_vip',
+    'entry_keys', 'entry_rate_limits', 'entry_key_models', 'entry_prefix_balance', 'entry_tls_files', 'entry_vip',
     # tls
     'tls_paths',
     # monitoring

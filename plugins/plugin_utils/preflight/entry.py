@@ -70,6 +70,39 @@ def entry_rate_limits(cfg, host, groups, specs):
 
 
 @check('entry', role='entry')
+def entry_key_models(cfg, host, groups, specs):
+    """With model pools, the pools each key may call: a key of entry_keys to a list of pool names of vllm_pools. A
+    typo must not leave a key unrestricted, and a model name where a pool name belongs must say so."""
+    access, keys = cfg.get('entry_key_models') or {}, cfg.get('entry_keys') or {}
+    if not access:
+        return []
+    pools = {str(p.get('name')): str(p.get('served_model_name') or p.get('model') or '')
+             for p in cfg.get('vllm_pools') or [] if isinstance(p, dict)}
+    if not isinstance(access, dict):
+        return [refuse('entry_key_models', host, 'is not a dict', '{key name: [pool name, ...]}, or {}.', value=access)]
+    if not pools:
+        return [refuse('entry_key_models', host, 'is set but vllm_pools is not: every key calls the one model',
+                       'set vllm_pools (docs/pools.md) or remove entry_key_models.')]
+    names = ', '.join(sorted(map(str, keys))) if isinstance(keys, dict) else '-'
+    out = [refuse('entry_key_models names %s' % _j(k), host, ', which is no name in entry_keys (%s)' % names,
+                  'use a name of entry_keys.') for k in access if not isinstance(keys, dict) or k not in keys]
+    by_model = {m: n for n, m in pools.items()}
+    for k, allowed in access.items():
+        if not isinstance(allowed, (list, tuple)) or not allowed:
+            out.append(refuse('entry_key_models[%s]' % k, host, 'is not a list of pool names: the key could call '
+                              'nothing', 'a list of pools of vllm_pools (%s), or drop the key to let it call every '
+                              'pool.' % ', '.join(sorted(pools)), value=allowed))
+            continue
+        for p in allowed:
+            if str(p) not in pools:
+                out.append(refuse('entry_key_models[%s]' % k, host, 'names %s, which is no pool of vllm_pools (%s)%s'
+                                  % (_j(p), ', '.join(sorted(pools)), '; it is the model of pool %s' % by_model[str(p)]
+                                     if str(p) in by_model else ''),
+                                  'list pool names (a model upgrade keeps them).', value=list(allowed)))
+    return out
+
+
+@check('entry', role='entry')
 def entry_prefix_balance(cfg, host, groups, specs):
     """The prefix balance hashes bytes HAProxy holds: at least a prompt's start, at most its buffer. Types are the
     spec's to refuse (_int skips them); the defaults named in the fixes are the spec's."""
