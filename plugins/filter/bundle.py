@@ -42,6 +42,8 @@
 import os
 import re
 
+from ansible_collections.pd_bundle.serving.plugins.filter import pools as _pools
+
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # unit tests run without ansible
@@ -276,12 +278,18 @@ def _check_end(host, inst, hostvars, protocol):
             'device': ','.join(nics), 'gid_index': gid, 'env': env, 'memory': memory, 'gpu': gpu, 'python': python}
 
 
-def mooncake_check_pairs(decode_hosts, prefill_host, hostvars, protocol):
-    """[{source, target}] for every instance of prefill_host x every instance of decode_hosts."""
+def mooncake_check_pairs(decode_hosts, prefill_host, hostvars, protocol, pools=None):
+    """[{source, target}] for every instance of prefill_host x every instance of decode_hosts; with POOLS (the
+    normalized model pools, plugins/filter/pools.py) only the pairs of one pool: KV never moves between pools, and
+    the firewall opens a host's KV ports to its own pools' hosts only (firewall_source_classes)."""
     def instances(host):
         return _hv(hostvars, host).get('vllm_instances') or [{'name': None}]
+
+    def same_pool(p, d, i):
+        return pools is None or _pools.bundle_pool_of(pools, prefill_host, p.get('name')) == \
+            _pools.bundle_pool_of(pools, d, i.get('name'))
     return [{'source': _check_end(prefill_host, p, hostvars, protocol), 'target': _check_end(d, i, hostvars, protocol)}
-            for p in instances(prefill_host) for d in decode_hosts for i in instances(d)]
+            for p in instances(prefill_host) for d in decode_hosts for i in instances(d) if same_pool(p, d, i)]
 
 
 def run_as_argv(user, unlimited_memlock=False):
@@ -564,11 +572,15 @@ def store_ssd_hosts(groups, hostvars):
     return [h for h in store_tier_hosts(groups, hostvars) if _boollike(host_cfg(h, hostvars).get('vllm_store_ssd', False))]
 
 
-def firewall_source_classes(groups, hostvars, extra_sources=None):
+def firewall_source_classes(groups, hostvars, extra_sources=None, pools=None, host=None):
     """{class: [address or network, ...]} for every SOURCE_CLASSES entry but 'any', plus 'cluster' (every
     bundle host, for firewall_cluster_tcp_ports). store_clients: every prefill/decode host in store mode; in
     P2P mode the hosts of verify.yml's store round trip (the first prefill puts, the first decode gets:
-    roles/mooncake/tasks/check_store.yml), which it runs whenever there is a master."""
+    roles/mooncake/tasks/check_store.yml), which it runs whenever there is a master.
+    With POOLS (the normalized model pools) and HOST, a host that serves in a pool gets as prefill and decode only
+    the hosts of its own pools: its KV ports (engine range, check port, bootstrap, side channels) take no
+    connection from another pool's instances. The implicit pool of an inventory without vllm_pools holds every
+    vLLM host, so nothing changes there; a host in no pool (a master) keeps every prefill and decode host."""
     def ips(hosts):
         seen = []
         for h in hosts:
@@ -578,6 +590,7 @@ def firewall_source_classes(groups, hostvars, extra_sources=None):
         return seen
 
     g = {k: list(groups.get(k) or []) for k in BUNDLE_GROUPS}
+    cluster = ips(bundle_hosts(g))
     if store_mode(groups, hostvars):
         store = g['vllm_prefill'] + g['vllm_decode']
     elif g['mooncake_master']:
@@ -585,12 +598,17 @@ def firewall_source_classes(groups, hostvars, extra_sources=None):
         store = [h for h in g['vllm_prefill'] if h in tier or h in g['vllm_prefill'][:1]] + g['vllm_decode'][:1]
     else:
         store = []
+    mine = [p for p in pools or [] if any(h == str(host) for role in _pools.ROLES for h, _ in p[role])]
+    if mine:
+        peers = {str(h) for p in mine for role in _pools.ROLES for h, _ in p[role]}
+        g['vllm_prefill'] = [h for h in g['vllm_prefill'] if str(h) in peers]
+        g['vllm_decode'] = [h for h in g['vllm_decode'] if str(h) in peers]
     monitoring = ips(g['monitoring'])
     classes = {'etcd': ips(g['etcd']), 'master': ips(g['mooncake_master']), 'prefill': ips(g['vllm_prefill']),
                'decode': ips(g['vllm_decode']), 'router': ips(g['vllm_router']), 'entry': ips(g['entry']),
                'store_clients': ips(store),
                'monitoring': monitoring + [str(s) for s in extra_sources or [] if str(s) not in monitoring]}
-    classes['cluster'] = ips(bundle_hosts(g))
+    classes['cluster'] = cluster
     return classes
 
 

@@ -534,3 +534,48 @@ def test_host_packages_are_the_union_of_the_roles_a_host_runs():
 def test_role_packages_refuses_a_role_it_does_not_know():
     with pytest.raises(bf.AnsibleFilterError, match='no role'):
         bf.role_packages('vllm-router', 'r1', {}, {})
+
+
+def _two_pools(hostvars, groups):
+    """Pool a: p1's prefill0 and d1; pool b: p1's prefill1 and d2 (one host serves in two small pools)."""
+    from ansible_collections.pd_bundle.serving.plugins.filter import pools
+    return pools.bundle_inventory_pools(
+        [{"name": "a", "model": "/m/a", "prefill": ["p1/prefill0"], "decode": ["d1"], "routers": ["r1"]},
+         {"name": "b", "model": "/m/b", "prefill": ["p1/prefill1"], "decode": ["d2"], "routers": ["r2"]}],
+        groups, hostvars)
+
+
+def test_check_pairs_with_pools_stay_inside_each_pool():
+    """KV never moves between pools, so the transfer check measures only the pairs of one pool (and the firewall
+    would refuse the others); the implicit pool of an inventory without pools keeps every pair."""
+    hv = _check_hostvars()
+    groups = {"vllm_prefill": ["p1"], "vllm_decode": ["d1", "d2"], "vllm_router": ["r1", "r2"]}
+    pairs = bf.mooncake_check_pairs(["d1", "d2"], "p1", hv, "tcp", _two_pools(hv, groups))
+    assert [(p["source"]["instance"], p["target"]["host"]) for p in pairs] == [("prefill0", "d1"), ("prefill1", "d2")]
+    from ansible_collections.pd_bundle.serving.plugins.filter import pools
+    implicit = pools.bundle_inventory_pools([], groups, hv)
+    assert bf.mooncake_check_pairs(["d1", "d2"], "p1", hv, "tcp", implicit) == bf.mooncake_check_pairs(["d1", "d2"], "p1", hv, "tcp")
+
+
+def test_firewall_kv_peers_are_the_hosts_own_pools():
+    """With pools a vLLM host's prefill and decode classes (its KV ports' sources) are its own pools' hosts; a host
+    in no pool (a master) and an inventory without pools keep every one, and cluster stays every host."""
+    hv = {"p1": {"common_host_ip": "10.0.1.1", "vllm_instances": [{"name": "prefill0"}]},
+          "p2": {"common_host_ip": "10.0.1.2", "vllm_instances": [{"name": "prefill0"}]},
+          "d1": {"common_host_ip": "10.0.2.1", "vllm_instances": [{"name": "decode0"}]},
+          "d2": {"common_host_ip": "10.0.2.2", "vllm_instances": [{"name": "decode0"}]},
+          "m1": {"common_host_ip": "10.0.0.1"}, "r1": {"common_host_ip": "10.0.3.1"}, "r2": {"common_host_ip": "10.0.3.2"}}
+    groups = {"mooncake_master": ["m1"], "vllm_prefill": ["p1", "p2"], "vllm_decode": ["d1", "d2"],
+              "vllm_router": ["r1", "r2"]}
+    from ansible_collections.pd_bundle.serving.plugins.filter import pools
+    two = pools.bundle_inventory_pools(
+        [{"name": "a", "model": "/m/a", "prefill": ["p1"], "decode": ["d1"], "routers": ["r1"]},
+         {"name": "b", "model": "/m/b", "prefill": ["p2"], "decode": ["d2"], "routers": ["r2"]}], groups, hv)
+    whole = bf.firewall_source_classes(groups, hv)
+    for host, pre, dec in [("p1", ["10.0.1.1"], ["10.0.2.1"]), ("d2", ["10.0.1.2"], ["10.0.2.2"]),
+                           ("m1", whole["prefill"], whole["decode"])]:
+        c = bf.firewall_source_classes(groups, hv, None, two, host)
+        assert (c["prefill"], c["decode"]) == (pre, dec), host
+        assert c["cluster"] == whole["cluster"] and c["store_clients"] == whole["store_clients"], host
+    implicit = pools.bundle_inventory_pools([], groups, hv)
+    assert bf.firewall_source_classes(groups, hv, None, implicit, "p1") == whole
