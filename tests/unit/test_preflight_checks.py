@@ -290,6 +290,9 @@ FAILING = {
                        ['vllm_model="/home/m" on gpu-d1 is under /home', "ProtectHome=yes"]),
     "sandbox_read_only": ("gpu-p1", with_vars("gpu-p1", vllm_model="org/m", vllm_hf_home="/data/hf"), None,
                           ['vllm_hf_home="/data/hf" on gpu-p1 is read-only for the unit', "ProtectSystem=strict"]),
+    "sandbox_pool_models": ("gpu-p1", with_vars("gpu-p1", vllm_pools=[{"name": "a", "model": "/home/m",
+                                                                       "prefill": ["gpu-p1"]}]), None,
+                            ['vllm_pools[0].model="/home/m" on gpu-p1 is under /home', "Fix: move the model"]),
     "addresses_usable": ("ctl-1", with_vars("router-1", ansible_host="router-1.example.com"), None,
                          ['router-1 has no usable cluster address', 'ansible_host="router-1.example.com"']),
     "addresses_reachable": ("router-1", with_vars("router-1", vllm_router_host="10.0.0.41:8000"), None,
@@ -735,3 +738,15 @@ def test_entry_key_models_names_keys_and_pools():
                       ({"bob": ["chat"]}, 'entry_key_models names "bob" on entry-1, which is no name in entry_keys')]:
         msgs = pc.entry.entry_key_models(dict(cfg, entry_key_models=bad), "entry-1", ENTRY_GROUPS, SPECS)
         assert len(msgs) == 1 and want in msgs[0] and "Fix:" in msgs[0], (bad, msgs)
+
+
+def test_a_pool_model_gets_the_model_checks_on_its_hosts_only():
+    """vllm_pools[].model and model_src are checked as vllm_model and vllm_model_src are, on the pool's hosts."""
+    pools = [{"name": "a", "model": "models/m", "model_src": "/nonexistent/src", "prefill": ["gpu-p1/prefill0"]},
+             {"name": "b", "model": "/home/b", "decode": ["gpu-d1"]}]
+    cfg = {"vllm_pools": pools}
+    out = pc.sandbox.sandbox_pool_models(cfg, "gpu-p1", GROUPS, SPECS)
+    assert len(out) == 1 and 'vllm_pools[0].model_src="/nonexistent/src" on gpu-p1 is not a directory' in out[0], out
+    out = pc.sandbox.sandbox_pool_models(cfg, "gpu-d1", GROUPS, SPECS)
+    assert len(out) == 1 and 'vllm_pools[1].model="/home/b" on gpu-d1 is under /home' in out[0], out
+    assert pc.sandbox.sandbox_pool_models(cfg, "gpu-p2", GROUPS, SPECS) == []

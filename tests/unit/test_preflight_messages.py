@@ -136,7 +136,7 @@ REGISTRATION_ORDER = [
     'managed_etcd_env', 'values_vllm_args', 'values_settings', 'values_restart_batch', 'values_etcd_timing',
     'values_systemd', 'values_gid_index',
     # sandbox
-    'sandbox_hidden', 'sandbox_read_only',
+    'sandbox_hidden', 'sandbox_read_only', 'sandbox_pool_models',
     # addresses
     'addresses_reachable', 'addresses_usable', 'addresses_distinct',
     # store

@@ -104,3 +104,32 @@ def sandbox_read_only(cfg, host, groups, specs):
                                                                                 prefix), unit),
                    'put it below %s.' % (' or '.join(writable) or 'a writable path of the unit'), value=path)
             for unit, var, path, kind, prefix, writable in _sandbox_findings(cfg, host, groups) if kind == 'read_only']
+
+
+@check('sandbox', role='vllm')
+def sandbox_pool_models(cfg, host, groups, specs):
+    """The models of the pools this host serves in (vllm_pools[].model, model_src): the same checks as vllm_model
+    and vllm_model_src get (a path the vLLM unit's sandbox hides or replaces; a model_src that is no controller
+    directory, or whose destination is no absolute path), named as the pool's settings."""
+    out = []
+    for i, pool in enumerate(cfg.get('vllm_pools') or []):
+        if not isinstance(pool, dict) or not any(str(ref).partition('/')[0] == str(host)
+                                                 for role in ('prefill', 'decode') for ref in pool.get(role) or []):
+            continue
+        model, src = pool.get('model'), pool.get('model_src')
+        var = 'vllm_pools[%d]' % i
+        for unit, v, path, kind, prefix, _ in _sandbox_findings(dict(cfg, vllm_model=model), host, groups):
+            if v == 'vllm_model' and kind != 'read_only':
+                out.append(refuse(var + '.model', host, 'is under %s, which the %s unit\'s sandbox %s: it fails at '
+                                  'start' % (prefix, unit, 'hides' if kind == 'hidden' else 'replaces'),
+                                  'move the model out of %s, e.g. below /srv.' % prefix, value=path))
+        if src not in (None, '', []):
+            if not (isinstance(src, str) and os.path.isdir(src)):
+                out.append(refuse(var + '.model_src', host, 'is not a directory on the controller (the machine '
+                                  'running ansible-playbook)', 'point it at the model directory on the controller, '
+                                  'or set it to "" when the model is already on the hosts.', value=src))
+            elif not str(model or '').startswith('/'):
+                out.append(refuse(var + '.model', host, 'must be an absolute path on the host: it is where '
+                                  'model_src is copied to', 'set the absolute destination (e.g. /srv/models/NAME).',
+                                  value=model))
+    return out
