@@ -23,6 +23,9 @@ vllm_model_revision (implicit: True). Everything rendered from it is what the bu
 - bundle_host_models(pools, host, own): the models a vLLM host needs on disk (shipped from model_src when set).
 - bundle_router_pool(pools, host): the pool a router routes for.
 - bundle_pool_endpoints(endpoints, pool): the instances (bundle_vllm_endpoints) of a pool: a router's workers.
+- bundle_pool_choice_problem(pools, name, var, one): what is wrong with a playbook's -e VAR=NAME ('' when nothing).
+- bundle_pool_named(pools, name): the pool -e VAR=NAME picks (NAME empty: the only pool, else None).
+- bundle_pool_instances(names, host, pool, wanted): which of a host's instances a playbook acts on (one pool's).
 - pool_problems(vllm_pools, groups, instances): what is wrong with the inventory's pools, as (var, host, problem, fix)
   for preflight's refuse(); an empty list when they can be normalized.
 """
@@ -178,6 +181,57 @@ def bundle_pool_endpoints(endpoints, pool):
     return [e for e in endpoints or [] if (str(e.get('host')), str(e.get('name'))) in members]
 
 
+def _wanted(wanted):
+    """A list of names, or a comma string of them (-e x=a,b), as a list; empty: none asked for."""
+    if isinstance(wanted, str):
+        return [w.strip() for w in wanted.split(',') if w.strip()]
+    return [str(w) for w in wanted or []]
+
+
+def bundle_pool_choice_problem(pools, name, var, one=False):
+    """'' when -e VAR=NAME picks a pool of POOLS, or NAME is empty and the playbook may do without one; else the
+    message that refuses it, with VAR, the pools and the fix. ONE: the playbook acts on one pool (the benchmark: one
+    model's numbers), so an empty NAME is refused when there is a choice (two pools or more); without ONE an empty
+    NAME means every pool (the rolling restart)."""
+    names = [p['name'] for p in pools or []]
+    name = str(name or '').strip()
+    if not name:
+        if one and len(names) > 1:
+            return ('%s is not set and vllm_pools has %d pools (%s): the run measures one model. '
+                    'Fix: -e %s=<pool>, one of %s.' % (var, len(names), ', '.join(names), var, ', '.join(names)))
+        return ''
+    if name in names:
+        return ''
+    return ('%s=%s names no pool; the pools are %s%s. Fix: -e %s=<pool> with one of them%s.' % (
+        var, name, ', '.join(names),
+        ' (no vllm_pools: the one implicit pool of every instance)' if any(p['implicit'] for p in pools or []) else '',
+        var, '' if one else ', or leave %s out for every pool' % var))
+
+
+def bundle_pool_named(pools, name):
+    """The pool -e VAR=NAME picks (its dict); NAME empty: the only pool (an inventory without vllm_pools, or with
+    one pool), None when there are several. bundle_pool_choice_problem says first whether NAME is right."""
+    name = str(name or '').strip()
+    if not name:
+        return pools[0] if len(pools or []) == 1 else None
+    for pool in pools or []:
+        if pool['name'] == name:
+            return pool
+    raise ValueError('bundle_pool_named: no pool %s in %s' % (name, [p['name'] for p in pools or []]))
+
+
+def bundle_pool_instances(names, host, pool=None, wanted=None):
+    """Which of HOST's instances (NAMES, in vllm_instances order) a playbook acts on: those of WANTED (a list or a comma
+    string of names; empty: all) that serve in POOL (a pool's dict; None: any pool). Per instance, not per host: a
+    host may serve one instance of each of two pools."""
+    asked = _wanted(wanted)
+    out = [str(n) for n in names or [] if not asked or str(n) in asked]
+    if pool:
+        members = {(str(h), str(n)) for role in ROLES for h, n in pool[role]}
+        out = [n for n in out if (str(host), n) in members]
+    return out
+
+
 def pool_problems(vllm_pools, groups, instances):
     """(var, host, problem, fix) for each thing wrong with vllm_pools; HOST is the host a problem is about, or the
     first vLLM or router host for a problem of the list itself (preflight names a host in every message)."""
@@ -283,4 +337,7 @@ class FilterModule(object):
             'bundle_pool_of': bundle_pool_of,
             'bundle_router_pool': bundle_router_pool,
             'bundle_pool_endpoints': bundle_pool_endpoints,
+            'bundle_pool_choice_problem': bundle_pool_choice_problem,
+            'bundle_pool_named': bundle_pool_named,
+            'bundle_pool_instances': bundle_pool_instances,
         }

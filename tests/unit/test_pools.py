@@ -116,3 +116,50 @@ def test_a_host_needs_the_models_of_its_pools_and_a_spare_host_its_own():
     assert pools.bundle_host_models(all_pools, 'spare', own) == [own]
     [implicit] = pools.bundle_pools(None, GROUPS, INSTANCES, dict(DEFAULTS, vllm_model_src='/ctl/m'))
     assert pools.bundle_host_models([implicit], 'd1', own) == [{'model': '/srv/models/Qwen3-32B', 'model_src': '/ctl/m'}]
+
+
+def test_a_playbook_pool_choice_is_refused_with_the_variable_the_pools_and_the_fix():
+    two = pools.bundle_pools(TWO, GROUPS, INSTANCES, DEFAULTS)
+    one = pools.bundle_pools(None, GROUPS, INSTANCES, DEFAULTS)
+    assert pools.bundle_pool_choice_problem(two, 'fast', 'rolling_restart_pool') == ''
+    assert pools.bundle_pool_choice_problem(two, '', 'rolling_restart_pool') == ''  # every pool
+    assert pools.bundle_pool_choice_problem(one, None, 'benchmark_pool', one=True) == ''  # the only pool
+    assert pools.bundle_pool_choice_problem(one, 'default', 'benchmark_pool', one=True) == ''
+    typo = pools.bundle_pool_choice_problem(two, 'fats', 'rolling_restart_pool')
+    assert 'rolling_restart_pool=fats' in typo and 'chat, fast' in typo and 'leave rolling_restart_pool out' in typo
+    unset = pools.bundle_pool_choice_problem(two, '', 'benchmark_pool', one=True)
+    assert 'benchmark_pool is not set' in unset and '-e benchmark_pool=<pool>' in unset and 'chat, fast' in unset
+    implicit = pools.bundle_pool_choice_problem(one, 'chat', 'benchmark_pool', one=True)
+    assert 'the pools are default (no vllm_pools' in implicit and 'leave' not in implicit
+
+
+def test_a_playbook_gets_the_pool_it_names_or_the_only_one():
+    chat, fast = two = pools.bundle_pools(TWO, GROUPS, INSTANCES, DEFAULTS)
+    [implicit] = one = pools.bundle_pools(None, GROUPS, INSTANCES, DEFAULTS)
+    assert pools.bundle_pool_named(two, 'fast') is fast
+    assert pools.bundle_pool_named(two, ' chat ') is chat
+    assert pools.bundle_pool_named(two, '') is None
+    assert pools.bundle_pool_named(one, '') is implicit and pools.bundle_pool_named(one, 'default') is implicit
+    assert pools.bundle_pool_named(two[:1], None) is chat
+    with pytest.raises(ValueError):
+        pools.bundle_pool_named(two, 'nope')
+
+
+def test_a_pool_selects_instances_per_instance_not_per_host():
+    chat, fast = pools.bundle_pools(TWO, GROUPS, INSTANCES, DEFAULTS)
+    [implicit] = pools.bundle_pools(None, GROUPS, INSTANCES, DEFAULTS)
+    sel = pools.bundle_pool_instances
+    # p1 serves prefill0 in chat and prefill1 in fast: a rolling restart of fast leaves chat's instance alone.
+    assert sel(INSTANCES['p1'], 'p1', fast) == ['prefill1']
+    assert sel(INSTANCES['p1'], 'p1', chat) == ['prefill0']
+    assert sel(INSTANCES['d1'], 'd1', fast) == []
+    assert sel(INSTANCES['d2'], 'd2', fast) == ['decode1']
+    # No pool: every instance, as before pools; the implicit pool is every instance too.
+    assert sel(INSTANCES['p1'], 'p1') == ['prefill0', 'prefill1']
+    assert sel(INSTANCES['p1'], 'p1', implicit) == ['prefill0', 'prefill1']
+    # rolling_restart_instances (a list or a comma string) narrows further, in vllm_instances order.
+    assert sel(INSTANCES['d2'], 'd2', None, 'decode1,decode0') == ['decode0', 'decode1']
+    assert sel(INSTANCES['d2'], 'd2', None, ['decode1']) == ['decode1']
+    assert sel(INSTANCES['d2'], 'd2', chat, 'decode1') == []
+    assert sel(INSTANCES['d2'], 'd2', None, []) == ['decode0', 'decode1']
+    assert sel(INSTANCES['d2'], 'd2', None, '') == ['decode0', 'decode1']
