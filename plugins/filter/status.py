@@ -155,9 +155,9 @@ def _in_pool(result, pool):
     """Whether a transfer's instance pair is POOL's (a result without instance names: its host pair is)."""
     if pool is None or not (result.get('source_instance') or result.get('target_instance')):
         return True
-    ends = [(str(result.get('source')), str(result.get('source_instance')), 'prefill'),
-            (str(result.get('target')), str(result.get('target_instance')), 'decode')]
-    return all([h, i] in [[str(ph), str(pi)] for ph, pi in pool[role]] for h, i, role in ends)
+    members = {role: [[str(h), str(i)] for h, i in pool[role]] for role in ('prefill', 'decode')}
+    return ([str(result.get('source')), str(result.get('source_instance'))] in members['prefill']
+            and [str(result.get('target')), str(result.get('target_instance'))] in members['decode'])
 
 
 def _transfers(data):
@@ -323,8 +323,8 @@ def bundle_status_table(data):
                     + [_txt(unit.get('host')), _txt(unit.get('unit')),
                        _state_text(unit), _txt(unit.get('version')), _health_cell(unit, leader)]
                     + _instance_cells(unit))
-    out.extend(_table(['', 'pool'][:2 if pools else 1] + ['host', 'unit', 'state', 'version', 'health', 'gpus', 'nics',
-                                                          'gid', 'link'], rows))
+    out.extend(_table([''] + (['pool'] if pools else [])
+                      + ['host', 'unit', 'state', 'version', 'health', 'gpus', 'nics', 'gid', 'link'], rows))
     view_line = _master_view_line(data)
     if view_line:
         out.extend(['', view_line])
@@ -346,7 +346,8 @@ def bundle_status_table(data):
             cells, links = _transfer_cells(data), _host_link(units)
             for pool, srcs, dsts in _matrices(data):
                 name = pool and pool['name']
-                rows = [[src] + [_matrix_cell(cells[(name, src, dst)], src, dst, links) for dst in dsts] for src in srcs]
+                rows = [[src] + [_matrix_cell(cells[(name, src, dst)], src, dst, links) for dst in dsts]
+                        for src in srcs]
                 out.extend((['pool %s' % name] if pool else []) + _table(['prefill \\ decode'] + list(dsts), rows))
     out.extend(_entry_lines(data))
     out.extend(_monitoring_lines(data))
