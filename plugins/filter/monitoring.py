@@ -1,7 +1,7 @@
 """What Prometheus scrapes in a bundle inventory, defined once (the monitoring role's file_sd files and
 scrape_configs, its render for an operator's own Prometheus, and the unit tests all read this).
 
-- scrape_targets(groups, hostvars): {job: {scheme, tls, metrics_path, targets}} where targets is the job's
+- scrape_targets(groups, hostvars, pools): {job: {scheme, tls, metrics_path, targets}} where targets is the job's
   file_sd list ([{targets: ['ip:port'], labels: {...}}], one entry per target). Addresses and ports come from
   the bundle's own definitions, never restated here: every vLLM instance from bundle_vllm_endpoints (its /metrics
   shares the API port), every other port from bundle_host_cfg (the roles' defaults overlaid by the inventory),
@@ -24,9 +24,19 @@ Jobs (JOBS order):
   alertmanager     each monitoring host's Alertmanager (monitoring_alertmanager_port)
 Every target carries labels host (inventory name) and instance (the host, or host/instance for vLLM), so alerts
 and dashboards name inventory hosts, not addresses. A job without hosts has an empty target list.
+With model pools (vllm_pools, docs/pools.md: pools, the normalized list of plugins/filter/pools.py) every vllm target
+also carries pool (its instance's pool) and every vllm_router target its router's pool, so the recording rules,
+alerts and dashboard group by it (pooled); without them (the one implicit pool) the labels are those above.
+
+- dashboard_pools(dashboard, pooled): the Grafana dashboard (templates/monitoring/pd-dashboard.json, parsed) for the
+  inventory: as it is without model pools; with them a 'model_pool' variable, every vLLM and router query filtered by
+  it and grouped by pool, its legend led by the pool.
 """
+import copy
+import re
 
 from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
+from ansible_collections.pd_bundle.serving.plugins.filter import pools as _pools
 from ansible_collections.pd_bundle.serving.plugins.filter import status as _status
 
 JOBS = ('vllm', 'vllm_router', 'mooncake_master', 'mooncake_store_client', 'etcd', 'node', 'prometheus', 'alertmanager')
@@ -47,14 +57,25 @@ def _per_host(hosts, hostvars, port_var):
     return [_target(_bundle.host_ip(h, hostvars), _bundle.host_cfg(h, hostvars)[port_var], h) for h in hosts or []]
 
 
-def scrape_targets(groups, hostvars):
+def pooled(pools):
+    """Whether the inventory has model pools (vllm_pools): then targets, rules and dashboard carry the pool label;
+    the implicit pool of an inventory without them adds nothing (its files stay as before pools)."""
+    return any(not p.get('implicit') for p in pools or [])
+
+
+def scrape_targets(groups, hostvars, pools=None):
     groups = {k: list(v or []) for k, v in (groups or {}).items()}
     jobs = {name: {'scheme': 'http', 'tls': False, 'metrics_path': '/metrics', 'targets': []} for name in JOBS}
+    with_pool = pooled(pools)
     for group, role in VLLM_ROLES:
         for e in _bundle.vllm_endpoints(groups.get(group), hostvars):
+            pool = {'pool': _pools.bundle_pool_of(pools, e['host'], e['name'])} if with_pool else {}
             jobs['vllm']['targets'].append(_target(e['ip'], e['port'], e['host'], role=role, vllm_instance=e['name'],
-                                                   instance='%s/%s' % (e['host'], e['name'])))
+                                                   instance='%s/%s' % (e['host'], e['name']), **pool))
     jobs['vllm_router']['targets'] = _per_host(groups.get('vllm_router'), hostvars, 'vllm_router_prometheus_port')
+    if with_pool:
+        for t in jobs['vllm_router']['targets']:
+            t['labels']['pool'] = _pools.bundle_router_pool(pools, t['labels']['host'])['name']
     jobs['mooncake_master']['targets'] = _per_host(groups.get('mooncake_master'), hostvars, 'mooncake_master_metrics_port')
     jobs['mooncake_store_client']['targets'] = _per_host(_bundle.store_ssd_hosts(groups, hostvars), hostvars,
                                                          'vllm_store_ssd_http_port')
@@ -100,7 +121,49 @@ def unit_include(host, groups, hostvars):
     return '(%s)[.]service' % '|'.join(n.replace('.', '[.]') for n in monitored_units(host, groups, hostvars))
 
 
+# The series that carry the pool label (scrape_targets): the vllm and vllm_router jobs' and the vLLM recording rules'
+# (pd:vllm_*, pd:decode_*: rules.yml.j2 keeps the pool). The dashboard's variable 'pool' is the role (prefill|decode),
+# from before model pools, hence 'model_pool'.
+_POOL_MATCH = 'pool=~"$model_pool"'
+_POOLED_JOB = re.compile(r'\{job="(vllm|vllm_router)"')
+_POOLED_RULE = re.compile(r'(pd:(?:vllm|decode)_[a-z0-9_]+:[a-z0-9_]+)(\{?)')
+_MODEL_POOL_VAR = {'name': 'model_pool', 'label': 'model pool', 'type': 'query',
+                   'datasource': {'type': 'prometheus', 'uid': '${datasource}'},
+                   'query': {'query': 'label_values(up{job="vllm"}, pool)', 'refId': 'model_pool'},
+                   'definition': 'label_values(up{job="vllm"}, pool)', 'includeAll': True, 'multi': True,
+                   'allValue': '.*', 'refresh': 2, 'current': {}, 'hide': 0}
+
+
+def _pool_expr(expr):
+    """expr filtered by the model_pool variable and grouped by pool, when it reads pooled series; else None."""
+    out = _POOLED_JOB.sub(lambda m: '{job="%s", %s' % (m.group(1), _POOL_MATCH), expr)
+    out = _POOLED_RULE.sub(lambda m: m.group(1) + ('{%s, ' % _POOL_MATCH if m.group(2) else '{%s}' % _POOL_MATCH), out)
+    return None if out == expr else out.replace('by (', 'by (pool, ')
+
+
+def dashboard_pools(dashboard, pooled):
+    if not pooled:
+        return dashboard
+    out = copy.deepcopy(dashboard)
+    variables = out.setdefault('templating', {}).setdefault('list', [])
+    variables.insert(1 if variables and variables[0].get('type') == 'datasource' else 0, dict(_MODEL_POOL_VAR))
+    for var in variables:
+        if var.get('name') == 'instance':
+            for holder, key in ((var, 'definition'), (var.get('query') or {}, 'query')):
+                if isinstance(holder.get(key), str):
+                    holder[key] = _pool_expr(holder[key]) or holder[key]
+    for panel in out.get('panels') or []:
+        for target in panel.get('targets') or []:
+            expr = _pool_expr(target.get('expr') or '')
+            if expr:
+                target['expr'] = expr
+                target['legendFormat'] = '{{pool}} ' + target.get('legendFormat', '')
+    return out
+
+
 class FilterModule(object):
     def filters(self):
-        return {'bundle_scrape_targets': scrape_targets, 'bundle_monitored_units': monitored_units,
+        return {'bundle_scrape_targets': scrape_targets, 'bundle_monitoring_pooled': pooled,
+                'bundle_dashboard_pools': dashboard_pools,
+                'bundle_monitored_units': monitored_units,
                 'bundle_unit_include': unit_include}

@@ -21,6 +21,10 @@ Input, one dict per cluster, assembled by the playbook from what each host repor
          vLLM rows also: role, port, gpus, protocol, nics, gid_index, rate_gbps (link rate, Gbit/s)
   transfer_check: whether the transfer matrix was measured (default true)
   prefills, decodes: host lists (matrix rows and columns)
+  pools: the model pools (plugins/filter/pools.py's bundle_inventory_pools; optional). With vllm_pools the unit
+         table has a pool column and its rows grouped by pool (a vLLM instance's, a router's; '-' first: the units
+         the pools share), and one transfer matrix per pool of its own instance pairs (the only ones measured);
+         without them (the one implicit pool) the table is as before pools
   transfers: [{source, target (hosts), source_instance, target_instance, ok, gbps (Gbit/s, as
               mooncake-check reports it), ratio, min_ratio, floor_met, error}]; one per instance pair,
               so a matrix cell (host pair) may hold several: it shows the slowest, and is red if any is
@@ -54,12 +58,14 @@ Alertmanager not running or /-/healthy not 200. An entry or monitoring host that
 import base64
 import calendar
 import csv
+import itertools
 import re
 import time
 
 from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
 from ansible_collections.pd_bundle.serving.plugins.filter import gpu_checks as _gpu_checks
 from ansible_collections.pd_bundle.serving.plugins.filter import mooncake_etcd as _mooncake_etcd
+from ansible_collections.pd_bundle.serving.plugins.filter import pools as _pools
 STORE_SSD_UNIT = _bundle.STORE_SSD_UNIT
 
 RED = 'RED'
@@ -112,6 +118,48 @@ def _host_link(units):
     return links
 
 
+def _model_pools(data):
+    """The inventory's model pools, or [] without vllm_pools (the implicit pool: nothing is grouped)."""
+    pools = data.get('pools') or []
+    return pools if any(not p.get('implicit') for p in pools) else []
+
+
+def _unit_pool(unit, pools):
+    """The pool of a unit's row: a vLLM instance's or a router's; None for the units the pools share (etcd, masters)."""
+    name = str(unit.get('unit') or '')
+    if name.startswith('vllm@'):
+        return _pools.bundle_pool_of(pools, unit.get('host'), name[len('vllm@'):])
+    if name == 'vllm-router':
+        try:
+            return _pools.bundle_router_pool(pools, unit.get('host'))['name']
+        except ValueError:  # a router in no pool (preflight refuses it): shown with the shared units
+            return None
+    return None
+
+
+def _matrices(data):
+    """(pool or None, prefill hosts, decode hosts) of each transfer matrix: one per model pool, as the transfer check
+    pairs only a pool's own instances (bundle_mooncake_check_pairs); one of every host pair without pools."""
+    pools = _model_pools(data)
+    if not pools:
+        return [(None, data.get('prefills') or [], data.get('decodes') or [])]
+    return [(p, _pool_hosts(p['prefill']), _pool_hosts(p['decode'])) for p in pools]
+
+
+def _pool_hosts(members):
+    """The hosts of a pool's [host, instance] members, each once, in order."""
+    return list(dict.fromkeys(str(h) for h, _ in members))
+
+
+def _in_pool(result, pool):
+    """Whether a transfer's instance pair is POOL's (a result without instance names: its host pair is)."""
+    if pool is None or not (result.get('source_instance') or result.get('target_instance')):
+        return True
+    members = {role: [[str(h), str(i)] for h, i in pool[role]] for role in ('prefill', 'decode')}
+    return ([str(result.get('source')), str(result.get('source_instance'))] in members['prefill']
+            and [str(result.get('target')), str(result.get('target_instance'))] in members['decode'])
+
+
 def _transfers(data):
     """(source host, target host) -> the results of its instance pairs."""
     out = {}
@@ -132,13 +180,13 @@ def _below_floor(t):
 
 
 def _transfer_cells(data):
-    """(prefill host, decode host) -> its verdict, worked out once for the red list and the matrix: verdict ('not
-    run', 'failed', 'low' or 'ok'), results (its instance pairs), worst (the lowest ratio below the floor) and red (the
-    reasons it is red, one per failing instance pair)."""
+    """(pool name or None, prefill host, decode host) -> its verdict, worked out once for the red list and the matrices
+    (_matrices): verdict ('not run', 'failed', 'low' or 'ok'), results (its instance pairs), worst (the lowest ratio
+    below the floor) and red (the reasons it is red, one per failing instance pair)."""
     seen, cells = _transfers(data), {}
-    for src in data.get('prefills') or []:
-        for dst in data.get('decodes') or []:
-            results = seen.get((src, dst)) or []
+    for pool, prefills, decodes in _matrices(data):
+        for src, dst in itertools.product(prefills, decodes):
+            results = [r for r in seen.get((src, dst)) or [] if _in_pool(r, pool)]
             low, red = [], ['transfer %s -> %s: not run' % (src, dst)] if not results else []
             for res in results:
                 if not res.get('ok'):
@@ -149,8 +197,9 @@ def _transfer_cells(data):
                                % (_pair_name(res), _txt(res.get('ratio')), _txt(res.get('min_ratio'))))
             verdict = ('not run' if not results else 'failed' if not all(r.get('ok') for r in results)
                        else 'low' if low else 'ok')
-            cells[(src, dst)] = {'verdict': verdict, 'results': results, 'red': red,
-                                 'worst': min(low, key=lambda r: r.get('ratio') or 0) if low else None}
+            cells[(pool and pool['name'], src, dst)] = {
+                'verdict': verdict, 'results': results, 'red': red,
+                'worst': min(low, key=lambda r: r.get('ratio') or 0) if low else None}
     return cells
 
 
@@ -247,6 +296,18 @@ def _health_cell(unit, leader):
     return text
 
 
+def _matrix_cell(cell, src, dst, links):
+    if cell['verdict'] in ('not run', 'failed'):
+        return '%s %s' % (RED, cell['verdict'])
+    if cell['verdict'] == 'low':
+        worst = cell['worst']
+        return '%s ratio %s < %s' % (RED, _txt(worst.get('ratio')), _txt(worst.get('min_ratio')))
+    ends = [links.get(src), links.get(dst)]
+    link = None if None in ends else min(ends)
+    slowest = min(float(r.get('gbps') or 0) for r in cell['results'])
+    return '%s / link %s' % (_gbytes(slowest), _gbytes(link))
+
+
 def bundle_status_table(data):
     """The cluster as one text block (print it with ansible.builtin.debug)."""
     data = data or {}
@@ -255,12 +316,15 @@ def bundle_status_table(data):
     leader = _has_leader(units)
     out = ['CLUSTER %s: %s' % (data.get('name') or 'cluster',
                                'GREEN' if not red else '%s, %d problem%s' % (RED, len(red), '' if len(red) == 1 else 's'))]
+    pools = _model_pools(data)
     rows = []
-    for unit in units:
-        rows.append([RED if _unit_red(unit) else OK, _txt(unit.get('host')), _txt(unit.get('unit')),
-                     _state_text(unit), _txt(unit.get('version')), _health_cell(unit, leader)]
+    for unit in _pool_ordered(units, pools):
+        rows.append([RED if _unit_red(unit) else OK] + ([_txt(unit['pool'])] if pools else [])
+                    + [_txt(unit.get('host')), _txt(unit.get('unit')),
+                       _state_text(unit), _txt(unit.get('version')), _health_cell(unit, leader)]
                     + _instance_cells(unit))
-    out.extend(_table(['', 'host', 'unit', 'state', 'version', 'health', 'gpus', 'nics', 'gid', 'link'], rows))
+    out.extend(_table([''] + (['pool'] if pools else [])
+                      + ['host', 'unit', 'state', 'version', 'health', 'gpus', 'nics', 'gid', 'link'], rows))
     view_line = _master_view_line(data)
     if view_line:
         out.extend(['', view_line])
@@ -280,23 +344,11 @@ def bundle_status_table(data):
         else:
             out.append('Transfers prefill -> decode, mooncake-check (GB/s, the slowest instance pair; beside it the link rate, n/a over tcp)')
             cells, links = _transfer_cells(data), _host_link(units)
-            rows = []
-            for src in prefills:
-                row = [src]
-                for dst in decodes:
-                    cell = cells[(src, dst)]
-                    if cell['verdict'] in ('not run', 'failed'):
-                        row.append('%s %s' % (RED, cell['verdict']))
-                    elif cell['verdict'] == 'low':
-                        worst = cell['worst']
-                        row.append('%s ratio %s < %s' % (RED, _txt(worst.get('ratio')), _txt(worst.get('min_ratio'))))
-                    else:
-                        ends = [links.get(src), links.get(dst)]
-                        link = None if None in ends else min(ends)
-                        slowest = min(float(r.get('gbps') or 0) for r in cell['results'])
-                        row.append('%s / link %s' % (_gbytes(slowest), _gbytes(link)))
-                rows.append(row)
-            out.extend(_table(['prefill \\ decode'] + list(decodes), rows))
+            for pool, srcs, dsts in _matrices(data):
+                name = pool and pool['name']
+                rows = [[src] + [_matrix_cell(cells[(name, src, dst)], src, dst, links) for dst in dsts]
+                        for src in srcs]
+                out.extend((['pool %s' % name] if pool else []) + _table(['prefill \\ decode'] + list(dsts), rows))
     out.extend(_entry_lines(data))
     out.extend(_monitoring_lines(data))
 
@@ -305,6 +357,16 @@ def bundle_status_table(data):
         out.append('RED:')
         out.extend('- ' + reason for reason in red)
     return '\n'.join(out)
+
+
+def _pool_ordered(units, pools):
+    """The unit rows, each with its pool (_unit_pool, looked up once), grouped by pool in the pools' order after the
+    units the pools share; the rows as they are without pools."""
+    if not pools:
+        return units
+    order = {p['name']: n for n, p in enumerate(pools)}
+    keyed = [dict(u, pool=_unit_pool(u, pools)) for u in units]
+    return sorted(keyed, key=lambda u: -1 if u['pool'] is None else order.get(u['pool'], len(order)))
 
 
 def _trunc(text, n):

@@ -109,7 +109,8 @@ def runs(request, tmp_path_factory):
     2 per CPU); the legal ones (full vLLM renders, the slowest) first."""
     wanted = {item.callspec.params[k]['id'] for item in request.session.items if hasattr(item, 'callspec')
               for k in ('case', 'legal') if k in item.callspec.params}
-    todo = [(c, 'preflight,vllm') for c in LEGAL if c['id'] in wanted] + [(c, None) for c in CASES if c['id'] in wanted]
+    todo = ([(c, c.get('tags', 'preflight,vllm')) for c in LEGAL if c['id'] in wanted]
+            + [(c, None) for c in CASES if c['id'] in wanted])
     jobs = int(os.environ.get('PREFLIGHT_JOBS', 2 * (os.cpu_count() or 1)))
     bases = {c['id']: tmp_path_factory.mktemp(c['id']) for c, _ in todo}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

@@ -106,3 +106,40 @@ def test_the_kv_transfer_row_shows_the_store_tiers():
     """The store's hits by tier (memory, SSD) and the SSD tier's used share (alert StoreSSDAboveHighWatermark)."""
     exprs = row_exprs('KV transfer')
     assert {'pd:mooncake_store_hits:rate5m', 'pd:mooncake_store_ssd_used_ratio'} <= set(exprs)
+
+
+def _load_monitoring():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('dash_test_monitoring', REPO / 'plugins' / 'filter' / 'monitoring.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_with_pools_every_vllm_and_router_query_is_per_pool(tmp_path):
+    """Model pools (vllm_pools): bundle_dashboard_pools filters every query of pooled series (the vllm and router
+    jobs, the vLLM recording rules) by the variable model_pool and groups it by pool; without pools the dashboard is
+    the file as it is. The pooled queries still parse in promtool."""
+    mon = _load_monitoring()
+    assert mon.dashboard_pools(dashboard(), False) == dashboard()
+    pooled = mon.dashboard_pools(dashboard(), True)
+    assert [v['name'] for v in pooled['templating']['list']][:2] == ['datasource', 'model_pool']
+    instance = next(v for v in pooled['templating']['list'] if v['name'] == 'instance')
+    assert 'pool=~"$model_pool"' in instance['definition'] and 'pool=~"$model_pool"' in instance['query']['query']
+    rules = []
+    for panel in pooled['panels']:
+        for n, t in enumerate(panel.get('targets') or []):
+            expr = t['expr']
+            reads_pooled = re.search(r'job="vllm(_router)?"|pd:(vllm|decode)_', expr)
+            if reads_pooled:
+                assert 'pool=~"$model_pool"' in expr and t['legendFormat'].startswith('{{pool}} '), expr
+                assert 'by (' not in expr or 'by (pool, ' in expr, expr
+            else:
+                assert 'pool' not in expr, expr
+            for var, value in dict(GRAFANA_VARS, **{'$model_pool': '.*'}).items():
+                expr = expr.replace(var, value)
+            rules.append({'record': 'dashboard:query_%d_%d' % (panel['id'], n), 'expr': expr})
+    path = tmp_path / 'dashboard-queries.yml'
+    path.write_text(yaml.safe_dump({'groups': [{'name': 'dashboard', 'rules': rules}]}))
+    res = subprocess.run([PROMTOOL, 'check', 'rules', str(path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr

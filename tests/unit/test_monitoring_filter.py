@@ -21,6 +21,13 @@ def _load(name):
 
 mon = _load('monitoring')
 bf = _load('bundle')
+pl = _load('pools')
+
+# tests/preflight/legal.yml's legal_two_model_pools on inventory/prod: gpu-p2 serves both pools, one instance each.
+TWO_POOLS = [{'name': 'chat', 'model': '/srv/models/Qwen3-32B', 'prefill': ['gpu-p1', 'gpu-p2/prefill0'],
+              'decode': ['gpu-d1'], 'routers': ['router-1']},
+             {'name': 'fast', 'model': '/srv/models/Qwen3-4B', 'prefill': ['gpu-p2/prefill1'], 'decode': ['gpu-d2'],
+              'routers': ['router-2']}]
 
 
 @pytest.fixture(scope='module')
@@ -53,6 +60,30 @@ def test_every_vllm_instance_once_with_its_pool_and_name(prod):
     assert len(jobs['vllm']['targets']) == sum(len(hv[h]['vllm_instances'])
                                                for h in groups['vllm_prefill'] + groups['vllm_decode'])
     assert {'prefill', 'decode'} == {t['labels']['role'] for t in jobs['vllm']['targets']}
+
+
+def test_with_pools_each_vllm_and_router_target_carries_its_pool(prod):
+    groups, hv = prod
+    pools = pl.bundle_inventory_pools(TWO_POOLS, groups, hv)
+    assert mon.pooled(pools)
+    jobs = mon.scrape_targets(groups, hv, pools)
+    got = {t['labels']['instance']: t['labels']['pool'] for t in jobs['vllm']['targets']}
+    assert got == {'gpu-p1/prefill0': 'chat', 'gpu-p1/prefill1': 'chat', 'gpu-p2/prefill0': 'chat',
+                   'gpu-p2/prefill1': 'fast', 'gpu-d1/decode0': 'chat', 'gpu-d2/decode0': 'fast'}
+    assert {t['labels']['host']: t['labels']['pool'] for t in jobs['vllm_router']['targets']} == {
+        'router-1': 'chat', 'router-2': 'fast'}
+    # The other jobs are shared by the pools: no pool label. Without the pool label, the targets are as before pools.
+    assert not any('pool' in t['labels'] for job in mon.JOBS if job not in ('vllm', 'vllm_router')
+                   for t in jobs[job]['targets'])
+    strip = [{k: v for k, v in t['labels'].items() if k != 'pool'} for job in mon.JOBS for t in jobs[job]['targets']]
+    assert strip == [t['labels'] for job in mon.JOBS for t in mon.scrape_targets(groups, hv)[job]['targets']]
+
+
+def test_without_pools_no_target_carries_a_pool(prod):
+    groups, hv = prod
+    pools = pl.bundle_inventory_pools([], groups, hv)
+    assert not mon.pooled(pools) and not mon.pooled(None)
+    assert mon.scrape_targets(groups, hv, pools) == mon.scrape_targets(groups, hv)
 
 
 @pytest.mark.parametrize('job,group', [('vllm', None), ('vllm_router', 'vllm_router'), ('mooncake_master', 'mooncake_master'),

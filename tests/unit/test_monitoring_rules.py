@@ -18,6 +18,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 RULES_TEST = REPO / 'tests' / 'monitoring' / 'rules_test.yml'
+# The same rules rendered with model pools (vllm_pools): the pool label kept and named.
+RULES_POOLS_TEST = REPO / 'tests' / 'monitoring' / 'rules_pools_test.yml'
 PROMTOOL = shutil.which('promtool') or '/usr/bin/promtool'
 
 
@@ -44,6 +46,8 @@ def render_rules(**overrides):
     v = defaults()
     vllm = yaml.safe_load((REPO / 'roles' / 'vllm' / 'defaults' / 'main.yml').read_text())
     v['monitoring_store_ssd_used_ratio_max'] = vllm['vllm_store_ssd_high_watermark']
+    # roles/monitoring/vars/main.yml: an inventory without vllm_pools unless a test gives them.
+    v['_monitoring_pooled'] = False
     v.update(overrides)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / 'templates')), trim_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
@@ -78,6 +82,21 @@ def test_rules_pass_promtool_check(tmp_path):
 def test_alerts_fire_and_stay_quiet_as_tested(tmp_path):
     res = promtool('test', 'rules', 'rules_test.yml', cwd=write_case(tmp_path, render_rules()))
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_with_pools_the_rules_keep_and_name_the_pool(tmp_path):
+    text = render_rules(_monitoring_pooled=True)
+    (tmp_path / 'pd-bundle.rules.yml').write_text(text)
+    res = promtool('check', 'rules', str(tmp_path / 'pd-bundle.rules.yml'))
+    assert res.returncode == 0, res.stdout + res.stderr
+    shutil.copy(RULES_POOLS_TEST, tmp_path / 'rules_pools_test.yml')
+    res = promtool('test', 'rules', 'rules_pools_test.yml', cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    # Every vLLM aggregation groups by pool; the masters' (shared by the pools) do not.
+    exprs = [r['expr'] for g in yaml.safe_load(text)['groups'] for r in g['rules'] if 'record' in r]
+    assert all('by (pool' in e for e in exprs if 'job="vllm"' in e)
+    assert not any('pool' in e for e in exprs if 'job="mooncake_master"' in e)
+    assert 'by (pool' not in render_rules() and '$labels.pool' not in render_rules()
 
 
 def test_every_alert_has_a_firing_and_a_quiet_case():

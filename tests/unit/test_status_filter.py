@@ -625,3 +625,64 @@ def test_store_ssd_unit_name_is_the_vllm_roles():
     from pathlib import Path
     roles_vars = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "vllm" / "vars" / "main.yml").read_text())
     assert status.STORE_SSD_UNIT == roles_vars["_vllm_store_ssd_unit"]
+
+
+def two_pools_lab():
+    """Model pools (vllm_pools): chat on p1/prefill0, d1 and r1; fast on p1/prefill1, d2 and r2 (p1 serves both)."""
+    data = green_lab()
+    data["units"][3:3] = [vllm_row("p1", "prefill1", "prefill")]
+    data["units"].append({"host": "r2", "unit": "vllm-router", "state": "running", "status": "active",
+                          "version": "0.1.17", "health": "serving", "health_ok": True})
+    data["pools"] = [
+        {"name": "chat", "implicit": False, "prefill": [["p1", "prefill0"]], "decode": [["d1", "decode0"]],
+         "routers": ["r1"]},
+        {"name": "fast", "implicit": False, "prefill": [["p1", "prefill1"]], "decode": [["d2", "decode0"]],
+         "routers": ["r2"]},
+    ]
+    data["transfers"] = [
+        {"source": "p1", "target": "d1", "source_instance": "prefill0", "target_instance": "decode0", "ok": True,
+         "gbps": 8.0},
+        {"source": "p1", "target": "d2", "source_instance": "prefill1", "target_instance": "decode0", "ok": True,
+         "gbps": 16.0},
+    ]
+    return data
+
+
+def test_with_pools_rows_are_grouped_by_pool_and_each_pool_has_its_matrix():
+    data = two_pools_lab()
+    assert status.bundle_status_red(data) == []  # the cross-pool pairs are not measured, and not missing
+    lines = status.bundle_status_table(data).splitlines()
+    assert lines[0] == "CLUSTER lab: GREEN"
+    assert lines[1].split()[:3] == ["pool", "host", "unit"]
+    rows = [ln.split()[1:4] for ln in lines[3:3 + len(data["units"])]]
+    assert rows == [["-", "e1", "etcd"], ["-", "e1", "mooncake-master"], ["-", "e2", "mooncake-master"],
+                    ["chat", "p1", "vllm@prefill0"], ["chat", "d1", "vllm@decode0"], ["chat", "r1", "vllm-router"],
+                    ["fast", "p1", "vllm@prefill1"], ["fast", "d2", "vllm@decode0"], ["fast", "r2", "vllm-router"]]
+    chat, fast = lines.index("pool chat"), lines.index("pool fast")
+    assert lines[chat + 1].split() == ["prefill", "\\", "decode", "d1"]
+    assert lines[chat + 3].split()[:3] == ["p1", "1.00", "GB/s"]
+    assert lines[fast + 1].split() == ["prefill", "\\", "decode", "d2"]
+    assert lines[fast + 3].split()[:3] == ["p1", "2.00", "GB/s"]
+    assert "RED" not in "\n".join(lines)
+
+
+def test_with_pools_a_pool_pair_failed_or_missing_is_red_and_another_pools_pair_is_not_its():
+    data = two_pools_lab()
+    # A result of fast's pair p1/prefill1 -> d2 does not stand in for chat, nor a stray cross-pool one.
+    data["transfers"][0].update(ok=False, error="timeout")
+    data["transfers"].append({"source": "p1", "target": "d1", "source_instance": "prefill1",
+                              "target_instance": "decode0", "ok": True, "gbps": 99.0})
+    assert status.bundle_status_red(data) == ["transfer p1/prefill0 -> d1/decode0 failed: timeout"]
+    del data["transfers"][0]
+    assert status.bundle_status_red(data) == ["transfer p1 -> d1: not run"]
+    table = status.bundle_status_table(data)
+    assert "RED not run" in table and "12.38 GB/s" not in table
+
+
+def test_the_implicit_pool_renders_the_table_as_without_pools():
+    data = green_lab()
+    before = status.bundle_status_table(copy.deepcopy(data))
+    data["pools"] = [{"name": "default", "implicit": True, "prefill": [["p1", "prefill0"]],
+                      "decode": [["d1", "decode0"], ["d2", "decode0"]], "routers": ["r1"]}]
+    assert status.bundle_status_table(data) == before
+    assert status.bundle_status_red(data) == []
