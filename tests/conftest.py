@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 # The collection's own Python by its fully qualified name (ansible_collections.pd_bundle.serving...: the filter
@@ -130,6 +131,38 @@ def store_render(tmp_path_factory):
     })
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     return out
+
+
+# Inventory patches (tests/preflight's cases, the render tests' variations): {FILE: {DOTTED.PATH: value}}.
+DELETE = '__delete__'
+
+
+def _set_path(doc, dotted, value):
+    """Set (or delete, value __delete__) DOTTED.PATH in doc; integer parts index lists."""
+    parts = dotted.split('.')
+    node = doc
+    for i, part in enumerate(parts[:-1]):
+        key = int(part) if isinstance(node, list) else part
+        nxt = node[key] if isinstance(node, list) else node.get(key)
+        if nxt is None:
+            nxt = {}
+            node[key] = nxt
+        node = nxt
+    last = int(parts[-1]) if isinstance(node, list) else parts[-1]
+    if value == DELETE:
+        del node[last]
+    else:
+        node[last] = value
+
+
+def apply_patch(inv, patch):
+    for rel, changes in patch.items():
+        path = inv / rel
+        doc = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+        for dotted, value in changes.items():
+            _set_path(doc, dotted, value)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
 
 
 def render_manifest(root):

@@ -16,45 +16,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import apply_patch
 
 REPO = Path(__file__).resolve().parents[2]
 PROD = REPO / 'inventory' / 'prod'
 CASES = yaml.safe_load((Path(__file__).with_name('cases.yml')).read_text())
 LEGAL = yaml.safe_load((Path(__file__).with_name('legal.yml')).read_text())
-DELETE = '__delete__'
 
 
 def _ansible_playbook():
     cand = Path(sys.executable).with_name('ansible-playbook')
     return str(cand) if cand.exists() else 'ansible-playbook'
-
-
-def _set_path(doc, dotted, value):
-    """Set (or delete, value __delete__) DOTTED.PATH in doc; integer parts index lists."""
-    parts = dotted.split('.')
-    node = doc
-    for i, part in enumerate(parts[:-1]):
-        key = int(part) if isinstance(node, list) else part
-        nxt = node[key] if isinstance(node, list) else node.get(key)
-        if nxt is None:
-            nxt = {}
-            node[key] = nxt
-        node = nxt
-    last = int(parts[-1]) if isinstance(node, list) else parts[-1]
-    if value == DELETE:
-        del node[last]
-    else:
-        node[last] = value
-
-
-def apply_patch(inv, patch):
-    for rel, changes in patch.items():
-        path = inv / rel
-        doc = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
-        for dotted, value in changes.items():
-            _set_path(doc, dotted, value)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
 
 
 def run_render(inv, render_dir, tags=None):

@@ -28,6 +28,21 @@ def instances(inventory, group):
     return [(h, i) for h in groups[group] for i in hv[h]['vllm_instances']]
 
 
+def pools(inventory):
+    """inventory/prod's model pools, normalized (plugins/filter/pools.py): which instances and routers share one."""
+    from ansible_collections.pd_bundle.serving.plugins.filter import pools as _pools
+    groups, hv = inventory
+    return _pools.bundle_inventory_pools(hv[groups['vllm_prefill'][0]].get('vllm_pools'), groups, hv)
+
+
+def pool_of(inventory, host, instance=None):
+    """The pool an instance (a router: instance None) serves in."""
+    from ansible_collections.pd_bundle.serving.plugins.filter import pools as _pools
+    if instance is None:
+        return _pools.bundle_router_pool(pools(inventory), host)
+    return _pools.pool_of(pools(inventory), host, instance)
+
+
 def test_every_host_gets_its_files(prod_render, inventory):
     groups, _ = inventory
     expect = {}
@@ -63,9 +78,9 @@ def test_kv_transfer_config(prod_render, inventory, group, role):
             assert cfg['kv_connector'] == 'MultiConnector'
             p2p, store = cfg['kv_connector_extra_config']['connectors']
             assert (store['kv_connector'], store['kv_role']) == ('MooncakeStoreConnector', 'kv_both')
-            hv = inventory[1][host]
+            pool = pool_of(inventory, host, inst['name'])  # each model pool its own namespace in the store
             assert store['kv_connector_extra_config'] == {
-                'cache_prefix': '%s:%s' % (hv['vllm_served_model_name'], hv['vllm_model_revision'])}
+                'cache_prefix': '%s:%s' % (pool['served_model_name'], pool['model_revision'])}
             assert env['MOONCAKE_CONFIG_PATH'] == '/etc/vllm/%s.mooncake.json' % inst['name']
             store_cfg = json.loads((prod_render / host / 'etc/vllm' / ('%s.mooncake.json' % inst['name'])).read_text())
             # the tier's clients handshake directly: no engine keys in etcd for a killed instance to leave behind
@@ -97,9 +112,12 @@ def test_kv_transfer_config(prod_render, inventory, group, role):
     assert len(engine_ids) == len(instances(inventory, group)), 'engine_id must be unique'
 
 
-def test_router_lists_every_prefill_and_decode(prod_render, inventory):
+@pytest.mark.parametrize('nth', [0, 1, 2, 3])
+def test_router_lists_every_prefill_and_decode_of_its_pool(prod_render, inventory, nth):
+    """Each router's workers are every prefill and decode instance of its model pool, and no other."""
     groups, hv = inventory
-    router = groups['vllm_router'][0]
+    router = groups['vllm_router'][nth]
+    pool = pool_of(inventory, router)['name']
     env = parse_env_file(prod_render / router / 'etc/vllm-router/router.env')
     argv = expand_exec(unit_exec_start(prod_render / router / 'etc/systemd/system/vllm-router.service'), env)
     print(command_line(argv))
@@ -107,10 +125,13 @@ def test_router_lists_every_prefill_and_decode(prod_render, inventory):
     assert argv[argv.index('--kv-connector') + 1] == 'mooncake'
     prefills = [(argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == '--prefill']
     decodes = [argv[i + 1] for i, a in enumerate(argv) if a == '--decode']
+    assert prefills and decodes
     assert sorted(prefills) == sorted(('http://%s:%s' % (hv[h]['ansible_host'], i['port']), str(i['bootstrap_port']))
-                                      for h, i in instances(inventory, 'vllm_prefill'))
+                                      for h, i in instances(inventory, 'vllm_prefill')
+                                      if pool_of(inventory, h, i['name'])['name'] == pool)
     assert sorted(decodes) == sorted('http://%s:%s' % (hv[h]['ansible_host'], i['port'])
-                                     for h, i in instances(inventory, 'vllm_decode'))
+                                     for h, i in instances(inventory, 'vllm_decode')
+                                     if pool_of(inventory, h, i['name'])['name'] == pool)
     # The routers listen on their cluster address only: the entry hosts reach them, the world does not.
     assert argv[argv.index('--host') + 1] == hv[router]['ansible_host']
     assert argv[argv.index('--prometheus-port') + 1] == '29000'
@@ -320,15 +341,30 @@ def _probes(inventory, store):
     return probes + [(MONITORING_IP, {'monitoring'}), (OUTSIDER_IP, set())]
 
 
+def _pool_hosts(hv, h):
+    """{pool name: its prefill and decode hosts} of the model pools vLLM host h serves in (vllm_pools as written)."""
+    out = {}
+    for p in hv[h].get('vllm_pools') or []:
+        hosts = {str(r).partition('/')[0] for role in ('prefill', 'decode') for r in p.get(role) or []}
+        if h in hosts:
+            out[p['name']] = hosts
+    return out
+
+
 def _source_problems(doc, h, inventory, store, table=None):
     """Where host h's loaded ruleset doc differs from _want_sources: for each of its ports every probe gets
     accept when it is of an allowed kind, else reject; a port of no service (and the first side-channel port past
-    the pinned ones) is dropped for all."""
+    the pinned ones) is dropped for all. With model pools a vLLM host's KV peers are the hosts of its own pools: a
+    prefill or decode host of another pool only is no KV peer of h."""
     groups, hv = inventory
     probes, bad = _probes(inventory, store), []
+    own = set().union(*_pool_hosts(hv, h).values()) if _pool_hosts(hv, h) else None
     for port, kinds in sorted(_want_sources(h, groups, hv).items()):
         allowed = []
         for ip, kind in probes:
+            peer = next((p for p in hv if hv[p].get('ansible_host') == ip), None)
+            if own is not None and peer not in own:
+                kind = kind - KV
             want = 'accept' if 'any' in kinds or kinds & kind else 'reject'
             got = _verdict(doc, ip, port)
             allowed += [ip] if got == 'accept' else []
@@ -438,6 +474,34 @@ def test_render_is_byte_identical_to_the_recorded_one(prod_render):
         raise AssertionError('render of inventory/prod differs from %s in %d file(s): %s\n'
                              'If the change is intended: make render-manifest, and say why in the commit.'
                              % (MANIFEST.relative_to(REPO), len(diff), ', '.join(diff[:20])))
+
+
+# inventory/prod without its model pools: vllm_pools and entry_key_models removed, and the two routers the second
+# pool added (router-3, router-4). Issue 34's promise to existing users: an inventory without pools renders exactly
+# what the bundle rendered before pools (this manifest is the one of the commit before pools, and stays so).
+NO_POOLS = {'group_vars/all.yml': {'vllm_pools': '__delete__'},
+            'group_vars/entry/main.yml': {'entry_key_models': '__delete__'},
+            'hosts.yml': {'all.children.vllm_router.hosts.router-3': '__delete__',
+                          'all.children.vllm_router.hosts.router-4': '__delete__'}}
+NO_POOLS_MANIFEST = REPO / 'tests' / 'render' / 'prod-no-pools-render.sha256'
+
+
+def test_an_inventory_without_pools_renders_as_before_pools(tmp_path):
+    """Every file of inventory/prod without its pools, byte for byte, against the render from before pools."""
+    import shutil
+    from conftest import apply_patch, render, render_manifest
+    inv = tmp_path / 'inventory'
+    shutil.copytree(REPO / 'inventory' / 'prod', inv)
+    apply_patch(inv, NO_POOLS)
+    res = render(inv, tmp_path / 'render')
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    got = render_manifest(tmp_path / 'render')
+    want = NO_POOLS_MANIFEST.read_text()
+    g = dict(reversed(line.split('  ', 1)) for line in got.splitlines())
+    w = dict(reversed(line.split('  ', 1)) for line in want.splitlines())
+    diff = sorted(f for f in set(g) | set(w) if g.get(f) != w.get(f))
+    assert not diff, ('inventory/prod without pools renders %d file(s) unlike before pools (%s): %s'
+                      % (len(diff), NO_POOLS_MANIFEST.relative_to(REPO), ', '.join(diff[:20])))
 
 
 def test_no_secret_on_any_command_line(prod_render, inventory):

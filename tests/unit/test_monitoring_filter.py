@@ -25,9 +25,9 @@ pl = _load('pools')
 
 # tests/preflight/legal.yml's legal_two_model_pools on inventory/prod: gpu-p2 serves both pools, one instance each.
 TWO_POOLS = [{'name': 'chat', 'model': '/srv/models/Qwen3-32B', 'prefill': ['gpu-p1', 'gpu-p2/prefill0'],
-              'decode': ['gpu-d1'], 'routers': ['router-1']},
+              'decode': ['gpu-d1'], 'routers': ['router-1', 'router-3']},
              {'name': 'fast', 'model': '/srv/models/Qwen3-4B', 'prefill': ['gpu-p2/prefill1'], 'decode': ['gpu-d2'],
-              'routers': ['router-2']}]
+              'routers': ['router-2', 'router-4']}]
 
 
 @pytest.fixture(scope='module')
@@ -71,7 +71,7 @@ def test_with_pools_each_vllm_and_router_target_carries_its_pool(prod):
     assert got == {'gpu-p1/prefill0': 'chat', 'gpu-p1/prefill1': 'chat', 'gpu-p2/prefill0': 'chat',
                    'gpu-p2/prefill1': 'fast', 'gpu-d1/decode0': 'chat', 'gpu-d2/decode0': 'fast'}
     assert {t['labels']['host']: t['labels']['pool'] for t in jobs['vllm_router']['targets']} == {
-        'router-1': 'chat', 'router-2': 'fast'}
+        'router-1': 'chat', 'router-2': 'fast', 'router-3': 'chat', 'router-4': 'fast'}
     # The other jobs are shared by the pools: no pool label. Without the pool label, the targets are as before pools.
     assert not any('pool' in t['labels'] for job in mon.JOBS if job not in ('vllm', 'vllm_router')
                    for t in jobs[job]['targets'])
