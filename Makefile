@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test core-range-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-scale molecule-test rdma-test clean
+.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test core-range-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-scale lab-pools molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -135,6 +135,12 @@ lab-store-tier: venv
 # the ratio advisor (playbooks/advisor.yml) on the traffic it saw.
 lab-scale: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/scale-test.py --out lab-results/scale.json --advisor --max-overhead 200
+
+# Issue 34: two model pools on the lab's four instances (molecule/default/pools.yml), proven through the entry; the lab
+# stays in pools until the next converge without them (scripts/lab/molecule.sh converge). The entry's p50 with model routing against
+# direct to the pool's router is a benchmark: scripts/lab/pools-test.py --p50 300.
+lab-pools: venv
+	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/pools-test.py --converge --rolling --out lab-results/pools.json
 
 lab-rolling: venv
 	ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) scripts/lab/rolling-test.sh $(CURDIR)/lab-results

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `molecule test` of one scenario, timed per step (scripts/lab/step_times.py), with the peak memory
 # of the machine sampled meanwhile. The sequence itself is molecule.yml's test_sequence; the
-# default scenario's extra steps (rerun, proof, status, drills, rolling, converge-store, then verify
+# default scenario's extra steps (rerun, proof, status, drills, rolling, scale, pools, converge-store, then verify
 # in store mode) hang on it as side_effect (molecule/default/lab-steps.yml). The lab is torn down
 # before and after, passed or failed, by molecule.sh destroy, which also waits for a busy docker
 # (molecule's own destroy steps are skipped with --destroy=never).

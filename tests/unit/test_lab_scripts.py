@@ -441,3 +441,22 @@ def test_vip_move_prefers_keepalived_journal_over_polling(monkeypatch):
     monkeypatch.setattr(lab, "vip_taken_at", lambda host, since, state="MASTER": None, raising=False)
     assert lab.vip_move(4.7, 999.0, 1000.0)[3]["vip_moved_by"] == "polling"
     assert lab.vip_move(None, 999.0, 1000.0)[1] is None
+
+
+def test_pools_routing_problems_fail_on_a_request_in_the_wrong_pool_or_no_transfer():
+    """scripts/lab/pools-test.py: the counters of every instance before and after one pool's requests."""
+    sys.path.insert(0, str(LAB))
+    pools = _load("pools_test", "pools-test.py")
+
+    def c(pool, role, done=0, ext=0):
+        return {"pool": pool, "role": role, "done": done, "ext": ext, "computed": 0}
+    before = {"p/0": c("a", "prefill"), "d1/0": c("a", "decode"), "p/1": c("b", "prefill"), "d2/0": c("b", "decode")}
+    sent = {"pool": "a", "requests": 4}
+    good = dict(before, **{"p/0": c("a", "prefill", 4), "d1/0": c("a", "decode", 4, 1000)})
+    assert pools.routing_problems(None, before, good, sent) == []
+    astray = dict(good, **{"d2/0": c("b", "decode", 1, 250), "d1/0": c("a", "decode", 3, 750)})
+    assert pools.routing_problems(None, before, astray, sent) == [
+        "d1/0 of pool a finished 3 of the 4 requests sent for it",
+        "d2/0 of pool b finished 1 requests sent for pool a"]
+    recomputed = dict(good, **{"d1/0": c("a", "decode", 4, 0)})
+    assert pools.routing_problems(None, before, recomputed, sent) == ["d1/0 (decode, pool a) got no prompt tokens by KV transfer"]

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Two model pools behind the one entry, on the docker lab (issue 34; docs/pools.md).
+
+The lab's four vLLM instances split into two pools (molecule/default/pools.yml): pool a serves the lab's model on one
+prefill instance and one decode host behind one router, pool b serves it again under a second name and path on the
+other prefill instance and decode host behind the other router. With --converge it first re-converges the lab with
+that overlay (site.yml, every instance restarting at once, as the
+store step does); the lab step after it (converge-store) converges without pools again.
+
+Through the entry's VIP with the official `openai` SDK (keep-alive; completions and chat, plain and streamed), it
+fails (exit 1) when a goal is missed:
+- a request for a pool's model reached another pool's instance, or its decode did not get its prompt's KV by
+  transfer (counters: each prefill's vllm:request_success_total, each decode's prompt tokens by source);
+- GET /v1/models does not list both models; an unknown model is not 404 model_not_found; the key "ci" (pool b only)
+  is not 403 model_not_allowed on pool a, or fails on pool b;
+- a decode's transfer engine port accepts its own pool's prefill host but not the other pool's decode host (the
+  firewall opens a host's KV ports to its own pools' hosts only);
+- with --rolling: a rolling restart of pool a (playbooks/rolling_restart.yml -e rolling_restart_pool=a) under load on both
+  pools fails a request of pool b, or restarts a unit of pool b (its vLLM units' and router's PIDs).
+  Pool a has one prefill and one decode in the lab, so its own requests may fail while they restart: reported.
+- with --p50: the entry's p50 with model routing over direct to the pool's router (a client on an entry host,
+  keep-alive, interleaved) above --max-p50-ratio (1.05). A benchmark: noisy on the 2-core lab, not a lab step.
+
+    scripts/lab/pools-test.py --converge --rolling --out lab-results/pools.json
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import labinv  # noqa: E402
+import load  # noqa: E402
+
+OVERLAY = os.path.join(REPO, "molecule", "default", "pools.yml")
+METRIC = "vllm:prompt_tokens_by_source_total"
+
+
+def sh(host, *cmd, check=True, timeout=60, input=None):  # noqa: A002 - subprocess.run's name
+    return subprocess.run([os.environ.get("DOCKER", "docker"), "exec", "-i", host, *cmd], capture_output=True,
+                          text=True, check=check, timeout=timeout, input=input)
+
+
+def metric_sum(text, name, labels=None):
+    """The sum of NAME's samples whose labels include LABELS ({} = all)."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all('%s="%s"' % (k, v) in head for k, v in (labels or {}).items()):
+            total += float(value)
+    return total
+
+
+def counters(lab, pools):
+    """{host/instance: {done, ext, computed}} of every instance of the pools, from its /metrics."""
+    out = {}
+    for pool in pools:
+        for role in ("prefill", "decode"):
+            for ref in pool[role]:
+                host, _, name = ref.partition("/")
+                hv = lab.host_vars(host)
+                for inst in hv["vllm_instances"]:
+                    if name and inst["name"] != name:
+                        continue
+                    ip = hv.get("common_host_ip") or lab.ips[host]
+                    text = sh(host, "curl", "-sS", "-m", "20", "http://%s:%s/metrics" % (ip, inst["port"]),
+                              timeout=40).stdout
+                    out["%s/%s" % (host, inst["name"])] = {
+                        "pool": pool["name"], "role": role,
+                        "done": metric_sum(text, "vllm:request_success_total"),
+                        "ext": metric_sum(text, METRIC, {"source": "external_kv_transfer"}),
+                        "computed": metric_sum(text, METRIC, {"source": "local_compute"})}
+    return out
+
+
+def send_all(client, model, tag):
+    """A completion and a chat, each plain and streamed, with fresh prompts of whole KV blocks; [(kind, ok, err)]."""
+    out = []
+    for stream in (False, True):
+        ok, err = load.sdk_request(client, model, "%s %s %s " % (tag, uuid.uuid4().hex, stream) + load.PROMPT_BODY, 8,
+                                   stream=stream)
+        out.append(("completion" + (" streamed" if stream else ""), ok, err))
+        try:
+            msgs = [{"role": "user", "content": "%s %s chat " % (tag, uuid.uuid4().hex) + load.PROMPT_BODY}]
+            if stream:
+                text = "".join((c.choices[0].delta.content or "") for c in client.chat.completions.create(
+                    model=model, messages=msgs, max_tokens=8, temperature=0, stream=True) if c.choices)
+            else:
+                r = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0)
+                text = r.choices[0].message.content or ""
+            out.append(("chat" + (" streamed" if stream else ""), bool(text), "" if text else "no text"))
+        except Exception as exc:  # noqa: BLE001 - every SDK error is a failure
+            out.append(("chat" + (" streamed" if stream else ""), False, "%s: %s" % (type(exc).__name__, exc)))
+    return out
+
+
+def routing_problems(pools, before, after, sent):
+    """What the counters say went wrong after SENT requests for one pool: another pool's instance served one, the
+    pool's prefill or decode served fewer, or its decode got no prompt tokens by transfer."""
+    problems = []
+    target = sent["pool"]
+    for ref, b in before.items():
+        a = after.get(ref, b)
+        done, ext = a["done"] - b["done"], a["ext"] - b["ext"]
+        if b["pool"] != target and done:
+            problems.append("%s of pool %s finished %d requests sent for pool %s" % (ref, b["pool"], done, target))
+        if b["pool"] == target and done < sent["requests"]:
+            problems.append("%s of pool %s finished %d of the %d requests sent for it" % (ref, target, done,
+                                                                                          sent["requests"]))
+        if b["pool"] == target and b["role"] == "decode" and ext <= 0:
+            problems.append("%s (decode, pool %s) got no prompt tokens by KV transfer" % (ref, target))
+    return problems
+
+
+def sdk_error(client, model):
+    """(status, code) of one completion for MODEL, (200, None) when it succeeds."""
+    import openai
+    try:
+        client.completions.create(model=model, prompt="probe " * 20, max_tokens=2)
+        return 200, None
+    except openai.APIStatusError as exc:
+        body = exc.body if isinstance(exc.body, dict) else {}
+        return exc.status_code, (body.get("error") or body).get("code") if isinstance(body, dict) else None
+
+
+def connects(src, ip, port):
+    """Whether a TCP connection from host SRC to ip:port is accepted (bash's /dev/tcp, 5 s)."""
+    return sh(src, "timeout", "5", "bash", "-c", "exec 3<>/dev/tcp/%s/%s" % (ip, port), check=False).returncode == 0
+
+
+def kv_isolation(lab, pools):
+    """For each pool's decode host: a port of its transfer engine's range that it listens on accepts its own pool's
+    prefill host and refuses the other pool's decode host (the firewall: a host's KV ports take its own pools' hosts
+    only). [(decode host, port, peer, want, got)]."""
+    lo, hi = int(lab.var("mooncake_rpc_port_min")), int(lab.var("mooncake_rpc_port_max"))
+    out = []
+    decodes = [[r.partition("/")[0] for r in p["decode"]] for p in pools]
+    for i, pool in enumerate(pools):
+        for host in decodes[i]:
+            ip = lab.host_vars(host).get("common_host_ip") or lab.ips[host]
+            ports = sorted(int(m) for m in re.findall(r":(\d+)\s", sh(host, "ss", "-Hltn").stdout)
+                           if lo <= int(m) <= hi)
+            if not ports:
+                out.append((host, None, "-", True, False))
+                continue
+            own = pool["prefill"][0].partition("/")[0]
+            other = next(h for j, d in enumerate(decodes) if j != i for h in d)
+            out += [(host, ports[0], own, True, connects(own, ip, ports[0])),
+                    (host, ports[0], other, False, connects(other, ip, ports[0]))]
+    return out
+
+
+def unit_pids(units):
+    return {"%s:%s" % hu: sh(hu[0], "systemctl", "show", "-p", "MainPID", "--value", hu[1]).stdout.strip()
+            for hu in units}
+
+
+def pool_units(lab, pool):
+    """(host, unit) of the pool's vLLM instances (a host ref: each of its instances) and routers."""
+    units = [(h, "vllm@" + i["name"]) for role in ("prefill", "decode") for h, _, n in [r.partition("/") for r in pool[role]]
+             for i in lab.host_vars(h)["vllm_instances"] if not n or i["name"] == n]
+    return units + [(r, "vllm-router") for r in pool["routers"]]
+
+
+P50_CLIENT = r'''
+import http.client, json, ssl, statistics, sys, time
+cfg = json.loads(sys.stdin.read())
+ctx = ssl.create_default_context(cafile=cfg["ca"])
+def conn(kind):
+    if kind == "entry":
+        return http.client.HTTPSConnection(cfg["vip"], cfg["entry_port"], context=ctx, timeout=120)
+    return http.client.HTTPConnection(cfg["router"], cfg["router_port"], timeout=120)
+conns = {"entry": conn("entry"), "router": conn("router")}
+lat = {"entry": [], "router": []}
+for n in range(cfg["n"]):
+    for kind in (("entry", "router") if n % 2 == 0 else ("router", "entry")):
+        body = json.dumps({"model": cfg["model"], "prompt": "p50 %d %s" % (n, cfg["prompt"]), "max_tokens": 4,
+                           "temperature": 0})
+        h = {"Content-Type": "application/json"}
+        if kind == "entry":
+            h["Authorization"] = "Bearer " + cfg["key"]
+        t = time.perf_counter()
+        conns[kind].request("POST", "/v1/completions", body, h)
+        r = conns[kind].getresponse(); r.read()
+        if r.status != 200:
+            sys.exit("%s answered %d" % (kind, r.status))
+        lat[kind].append(time.perf_counter() - t)
+print(json.dumps({k: statistics.median(v) for k, v in lat.items()}))
+'''
+
+
+def p50_ratio(lab, pool, model, key, n):
+    """Entry p50 (model routing) / direct to the pool's router, from a client on the first entry host."""
+    entry, router = lab.hosts("entry")[0], pool["routers"][0]
+    g = lab.group_vars("entry")
+    cfg = {"vip": g["entry_vip"], "entry_port": int(g.get("entry_port", lab.var("entry_port"))),
+           "router": lab.host_vars(router).get("common_host_ip") or lab.ips[router],
+           "router_port": int(lab.var("vllm_router_port")), "model": model, "key": key, "n": n,
+           "prompt": load.PROMPT_BODY, "ca": "/tmp/pd-pools-ca.crt"}
+    sh(entry, "sh", "-c", "cat > /tmp/pd-pools-ca.crt", input=open(lab.client_ca()).read())
+    res = sh(entry, "python3", "-c", P50_CLIENT, input=json.dumps(cfg), timeout=1800)
+    p50 = json.loads(res.stdout.strip().splitlines()[-1])
+    return {"entry_p50_s": round(p50["entry"], 4), "router_p50_s": round(p50["router"], 4),
+            "ratio": round(p50["entry"] / p50["router"], 3), "pairs": n}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(REPO, "lab-results", "pools.json"))
+    ap.add_argument("--converge", action="store_true", help="first re-converge the lab with the pools overlay")
+    ap.add_argument("--rolling", action="store_true", help="rolling restart of pool a under load on both pools")
+    ap.add_argument("--p50", type=int, default=0, help="measure the entry's p50 ratio with this many pairs")
+    ap.add_argument("--max-p50-ratio", type=float, default=1.05)
+    args = ap.parse_args(argv)
+    import yaml
+    lab = labinv.Lab()
+    pools = yaml.safe_load(open(OVERLAY))["vllm_pools"]
+    inv = os.path.join(REPO, "molecule", "default", "inventory")
+    playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    result, problems = {"pools": [p["name"] for p in pools]}, []
+    if args.converge:
+        t = time.time()
+        subprocess.run([playbook, "-i", inv, os.path.join(REPO, "site.yml"), "-e", "@" + OVERLAY,
+                        "-e", "vllm_restart_batch=100%"], check=True)
+        result["converge_s"] = round(time.time() - t, 1)
+    key, ci = lab.client_key(), lab.client_key("ci")
+    os.environ["PD_CLIENT_CA"] = os.environ.get("PD_CLIENT_CA") or lab.client_ca()
+    url = lab.client_url()
+    for p in pools:
+        if load.until_serving(url, p["served_model_name"], key, prompt="warm up " * 40) is None:
+            print("[pools] %s does not serve through the entry" % p["served_model_name"], file=sys.stderr)
+            return 1
+    client = load.sdk_client(url, 120, key)
+
+    # 1. Each model reaches its own pool's instances, and its decode gets the KV by transfer.
+    result["routing"] = []
+    for p in pools:
+        before = counters(lab, pools)
+        sent = send_all(client, p["served_model_name"], "pool-" + p["name"])
+        after = counters(lab, pools)
+        failed = ["%s: %s" % (k, e) for k, ok, e in sent if not ok]
+        got = routing_problems(pools, before, after, {"pool": p["name"], "requests": len(sent)})
+        problems += ["%s (%s): %s" % (p["name"], p["served_model_name"], f) for f in failed + got]
+        result["routing"].append({"pool": p["name"], "model": p["served_model_name"], "sent": len(sent),
+                                  "failed": failed, "delta": {r: {k: after[r][k] - before[r][k]
+                                                                  for k in ("done", "ext", "computed")}
+                                                              for r in before}})
+
+    # 2. The model list, an unknown model, a key limited to one pool.
+    listed = sorted(m.id for m in client.models.list().data)
+    want = sorted(p["served_model_name"] for p in pools)
+    if listed != want:
+        problems.append("GET /v1/models lists %s, not %s" % (listed, want))
+    ci_client = load.sdk_client(url, 120, ci)
+    checks = {"unknown model": (sdk_error(client, "no-such-model"), (404, "model_not_found")),
+              "ci on pool a": (sdk_error(ci_client, pools[0]["served_model_name"]), (403, "model_not_allowed")),
+              "ci on pool b": (sdk_error(ci_client, pools[1]["served_model_name"]), (200, None))}
+    for name, (got, want_) in checks.items():
+        if tuple(got) != want_:
+            problems.append("%s: got %s, want %s" % (name, got, want_))
+    result["access"] = {k: list(v[0]) for k, v in checks.items()}
+    result["models"] = listed
+
+    # 3. KV ports per pool: a decode's transfer engine takes its own pool's prefill, not another pool's hosts.
+    result["kv_ports"] = [{"decode": h, "port": port, "from": peer, "want": want, "connected": got}
+                          for h, port, peer, want, got in kv_isolation(lab, pools)]
+    problems += ["%s:%s from %s: %s, want %s" % (r["decode"], r["port"], r["from"],
+                                                 "accepted" if r["connected"] else "refused",
+                                                 "accepted" if r["want"] else "refused")
+                 for r in result["kv_ports"] if r["connected"] != r["want"]]
+
+    # 4. A rolling restart of pool a under load on both pools: pool b loses nothing.
+    if args.rolling:
+        b_units = pool_units(lab, pools[1])
+        pids = unit_pids(b_units)
+        loops = {p["name"]: load.OpenLoop(url, p["served_model_name"], key, every=1.0, tag="rolling-" + p["name"]).start()
+                 for p in pools}
+        time.sleep(5)
+        t = time.time()
+        rc = subprocess.run([playbook, "-i", inv, os.path.join(REPO, "playbooks", "rolling_restart.yml"),
+                             "-e", "@" + OVERLAY, "-e", "rolling_restart_pool=" + pools[0]["name"]]).returncode
+        took = time.time() - t
+        time.sleep(5)
+        recs = {n: loop.stop() for n, loop in loops.items()}
+        after = unit_pids(b_units)
+        result["rolling"] = {"rc": rc, "seconds": round(took, 1),
+                             **{n: {"requests": len(r), "failed": len([x for x in r if not x["ok"]]),
+                                    "errors": sorted({x["error"][:120] for x in r if not x["ok"]})[:5]}
+                                for n, r in recs.items()}}
+        if rc != 0:
+            problems.append("the rolling restart of pool a failed (rc %d)" % rc)
+        if result["rolling"][pools[1]["name"]]["failed"]:
+            problems.append("pool b: %d of %d requests failed during pool a's rolling restart"
+                            % (result["rolling"][pools[1]["name"]]["failed"], result["rolling"][pools[1]["name"]]["requests"]))
+        moved = sorted(u for u in pids if pids[u] != after[u])
+        if moved:
+            problems.append("pool a's rolling restart restarted pool b's units %s" % ", ".join(moved))
+
+    if args.p50:
+        result["p50"] = p50_ratio(lab, pools[0], pools[0]["served_model_name"], key, args.p50)
+        if result["p50"]["ratio"] > args.max_p50_ratio:
+            problems.append("entry p50 / direct to the router = %.3f > %.2f" % (result["p50"]["ratio"], args.max_p50_ratio))
+
+    result["problems"] = problems
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps({k: v for k, v in result.items() if k != "routing"}, indent=1))
+    for r in result["routing"]:
+        print("[pools] %s: %s" % (r["model"], {k: v for k, v in r["delta"].items() if any(v.values())}))
+    if problems:
+        print("[pools] FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    print("[pools] passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
