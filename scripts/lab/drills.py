@@ -8,7 +8,9 @@ operator relies on:
     systemd restarts it (a new main PID, unit active, serving again) and requests succeed again;
   - HAProxy, then keepalived, stopped on the entry host that holds the VIP: the other entry takes the VIP
     (HAProxy stopped: within VIP_DETECT_GOAL_S; keepalived stopped: within VIP_MOVE_GOAL_S) and requests through
-    the VIP succeed again;
+    the VIP succeed again. Each entry fault starts once every other entry host is a BACKUP in keepalived's journal
+    (standbys_ready_s): right after the HAProxy drill the former holder is FAULT until its check rises, and a fault
+    then measured that wait (3.1 s once), not the takeover by a healthy standby that the goal is about;
   - the entry host that holds the VIP frozen for FREEZE_S (docker pause: a hung kernel, a stalled hypervisor, a
     live migration), then resumed, under a paced load (load.OpenLoop, a new request every 0.5 s): the other entry
     takes the VIP within VIP_DETECT_GOAL_S, keeps it after the resume (no flip-back), and no request sent after
@@ -38,6 +40,7 @@ Lab-only: it talks to containers with `docker exec` and to the router at its lab
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -168,6 +171,12 @@ def vip_taken_from_journal(text, since_epoch, state="MASTER"):
     return None
 
 
+def vrrp_state_from_journal(text):
+    """The last "Entering <STATE> STATE" of keepalived's journal text (MASTER, BACKUP, FAULT, ...), or None."""
+    states = re.findall(r"Entering (\w+) STATE", text or "")
+    return states[-1] if states else None
+
+
 # A decode's journal line for a KV pull that failed and was computed again (kv_load_failure_policy recompute: the
 # lab's Mooncake TCP stall, docs/tcp-stall.md).
 RECOMPUTE_MARK = "pulling kv_caches for"
@@ -243,6 +252,16 @@ class Lab:
         return new_holder, moved, taken, {
             "vip_seen_s": None if polled is None else round(polled, 1), "vip_moved_by": "journal" if taken else "polling",
             "vip_moved_s": None if moved is None else round(moved, 1), "new_holder": new_holder}
+
+    def standbys_ready(self, others, limit=30):
+        """Seconds until every entry host in others is a BACKUP that can take the VIP (keepalived's journal), or None.
+        A standby whose HAProxy just came back is FAULT until its check rises (rise 2, 1 s apart): a fault on the
+        holder then would measure that, not the takeover the goal is about (a healthy standby takes the VIP)."""
+        def ready():
+            return all(vrrp_state_from_journal(sh(h, "journalctl", "-u", "keepalived", "-o", "cat", "--no-pager",
+                                                  "-n", "1000", check=False, timeout=30).stdout) == "BACKUP"
+                       for h in others)
+        return wait_for(ready, limit, step=0.5)
 
     def router_ok_n(self, n=3):
         return load.serves(self.router, self.model, self.key, n, prompt=self.PROBE)
@@ -376,6 +395,7 @@ def drill_entry_stop(lab, unit, kind, goal_s):
         return r
     others = [h for h in lab.args.entry if h != holder]
     lab.router_settled()
+    r["standbys_ready_s"] = lab.standbys_ready(others)
     before = time.time()
     sh(holder, "systemctl", "stop", unit)
     t0, epoch = time.monotonic(), time.time()
@@ -416,6 +436,7 @@ def drill_entry_freeze(lab, freeze_s, watch_s, goal_s):
         return r
     others = [h for h in lab.args.entry if h != holder]
     lab.router_settled()
+    r["standbys_ready_s"] = lab.standbys_ready(others)
     paced = load.OpenLoop(lab.router, lab.model, lab.key, every=0.5, timeout=60, tag="freeze").start()
     time.sleep(5)  # the client's pool holds warm connections to the holder, as a long-running client's does
     before = time.time()

@@ -460,3 +460,13 @@ def test_pools_routing_problems_fail_on_a_request_in_the_wrong_pool_or_no_transf
         "d2/0 of pool b finished 1 requests sent for pool a"]
     recomputed = dict(good, **{"d1/0": c("a", "decode", 4, 0)})
     assert pools.routing_problems(None, before, recomputed, sent) == ["d1/0 (decode, pool a) got no prompt tokens by KV transfer"]
+
+
+def test_vrrp_state_is_the_last_transition_in_the_journal():
+    """drills.py waits for every standby entry to be BACKUP before an entry fault: the last state line counts."""
+    drills = _load("drills", "drills.py")
+    text = ("Sat keepalived[1]: (entry_vip) Entering BACKUP STATE (init)\n"
+            "(entry_vip) Entering MASTER STATE\n(entry_vip) Entering FAULT STATE\nsomething else\n")
+    assert drills.vrrp_state_from_journal(text) == "FAULT"
+    assert drills.vrrp_state_from_journal(text + "(entry_vip) Entering BACKUP STATE\n") == "BACKUP"
+    assert drills.vrrp_state_from_journal("") is None
