@@ -598,9 +598,9 @@ def firewall_source_classes(groups, hostvars, extra_sources=None, pools=None, ho
         store = [h for h in g['vllm_prefill'] if h in tier or h in g['vllm_prefill'][:1]] + g['vllm_decode'][:1]
     else:
         store = []
-    mine = [p for p in pools or [] if any(h == str(host) for role in _pools.ROLES for h, _ in p[role])]
+    mine = [p for p in pools or [] if str(host) in _pools.pool_hosts(p)]
     if mine:
-        peers = {str(h) for p in mine for role in _pools.ROLES for h, _ in p[role]}
+        peers = {h for p in mine for h in _pools.pool_hosts(p)}
         g['vllm_prefill'] = [h for h in g['vllm_prefill'] if str(h) in peers]
         g['vllm_decode'] = [h for h in g['vllm_decode'] if str(h) in peers]
     monitoring = ips(g['monitoring'])

@@ -60,7 +60,7 @@ def _per_host(hosts, hostvars, port_var):
 def pooled(pools):
     """Whether the inventory has model pools (vllm_pools): then targets, rules and dashboard carry the pool label;
     the implicit pool of an inventory without them adds nothing (its files stay as before pools)."""
-    return any(not p.get('implicit') for p in pools or [])
+    return bool(_pools.explicit_pools(pools))
 
 
 def scrape_targets(groups, hostvars, pools=None):

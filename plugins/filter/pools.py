@@ -23,6 +23,8 @@ vllm_model_revision (implicit: True). Everything rendered from it is what the bu
 - bundle_host_models(pools, host, own): the models a vLLM host needs on disk (shipped from model_src when set).
 - bundle_router_pool(pools, host): the pool a router routes for.
 - bundle_pool_endpoints(endpoints, pool): the instances (bundle_vllm_endpoints) of a pool: a router's workers.
+- explicit_pools(pools): the pools of an inventory with vllm_pools, [] for the implicit one (nothing to group by).
+- pool_hosts(pool, roles): the hosts of a pool's instances, each once.
 - bundle_pool_choice_problem(pools, name, var, one): what is wrong with a playbook's -e VAR=NAME ('' when nothing).
 - bundle_pool_named(pools, name): the pool -e VAR=NAME picks (NAME empty: the only pool, else None).
 - bundle_pool_instances(names, host, pool, wanted): which of a host's instances a playbook acts on (one pool's).
@@ -129,13 +131,24 @@ def bundle_inventory_pools(vllm_pools, groups, hostvars, defaults=None):
     return normalize_pools(vllm_pools, groups, instance_names(hosts, hostvars), defaults)
 
 
+def explicit_pools(pools):
+    """POOLS when the inventory has vllm_pools, [] for the one implicit pool of an inventory without them: whatever
+    groups or labels by pool (status, monitoring) does nothing then, so those files stay as before pools."""
+    return list(pools or []) if any(not p.get('implicit') for p in pools or []) else []
+
+
+def pool_hosts(pool, roles=ROLES):
+    """The hosts of POOL's instances in ROLES (prefill and decode, or one of them), each once, in order."""
+    return list(dict.fromkeys(str(h) for role in roles for h, _ in pool[role]))
+
+
 def bundle_host_models(pools, host, own=None):
     """[{model, model_src}] a vLLM host needs: its pools' models, each once, in pool order; OWN ({model, model_src}:
     the host's vllm_model and vllm_model_src) for a host with no instance in a pool (a spare host is provisioned
     with it, as before pools)."""
     out = []
     for pool in pools or []:
-        if any(str(h) == str(host) for role in ROLES for h, _ in pool[role]):
+        if str(host) in pool_hosts(pool):
             item = {'model': pool['model'], 'model_src': pool.get('model_src') or ''}
             if item not in out:
                 out.append(item)

@@ -120,8 +120,7 @@ def _host_link(units):
 
 def _model_pools(data):
     """The inventory's model pools, or [] without vllm_pools (the implicit pool: nothing is grouped)."""
-    pools = data.get('pools') or []
-    return pools if any(not p.get('implicit') for p in pools) else []
+    return _pools.explicit_pools(data.get('pools'))
 
 
 def _unit_pool(unit, pools):
@@ -143,12 +142,7 @@ def _matrices(data):
     pools = _model_pools(data)
     if not pools:
         return [(None, data.get('prefills') or [], data.get('decodes') or [])]
-    return [(p, _pool_hosts(p['prefill']), _pool_hosts(p['decode'])) for p in pools]
-
-
-def _pool_hosts(members):
-    """The hosts of a pool's [host, instance] members, each once, in order."""
-    return list(dict.fromkeys(str(h) for h, _ in members))
+    return [(p, _pools.pool_hosts(p, ('prefill',)), _pools.pool_hosts(p, ('decode',))) for p in pools]
 
 
 def _in_pool(result, pool):
