@@ -342,6 +342,17 @@ def _unusable(ip, wildcard_ok=False):
     return None
 
 
+def _model_src_problem(src, model):
+    """What is wrong with shipping a model from the controller (vllm_model_src, or a pool's model_src) to MODEL on the
+    host: None (no src, or a usable one), 'src' (not a directory on the controller), 'model' (no absolute
+    destination). The checks of vllm_model_src and of the pools' models word it for their own variables."""
+    if src is None or src == '' or src == []:
+        return None
+    if not (isinstance(src, str) and os.path.isdir(src)):
+        return 'src'
+    return None if str(model or '').startswith('/') else 'model'
+
+
 def _tls_path_problem(value, where):
     """Why value cannot be a TLS path (a phrase), None when it can."""
     text = value.strip()

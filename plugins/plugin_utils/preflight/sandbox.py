@@ -7,7 +7,7 @@ import re
 
 from ansible_collections.pd_bundle.serving.plugins.filter import target_rules as _rules
 
-from .core import _roles, _setting, check, refuse
+from .core import _model_src_problem, _roles, _setting, check, refuse
 
 
 # --- unit sandboxes: paths the hardened units hide or make read-only ----------------------------------------
@@ -123,13 +123,12 @@ def sandbox_pool_models(cfg, host, groups, specs):
                 out.append(refuse(var + '.model', host, 'is under %s, which the %s unit\'s sandbox %s: it fails at '
                                   'start' % (prefix, unit, 'hides' if kind == 'hidden' else 'replaces'),
                                   'move the model out of %s, e.g. below /srv.' % prefix, value=path))
-        if src not in (None, '', []):
-            if not (isinstance(src, str) and os.path.isdir(src)):
-                out.append(refuse(var + '.model_src', host, 'is not a directory on the controller (the machine '
-                                  'running ansible-playbook)', 'point it at the model directory on the controller, '
-                                  'or set it to "" when the model is already on the hosts.', value=src))
-            elif not str(model or '').startswith('/'):
-                out.append(refuse(var + '.model', host, 'must be an absolute path on the host: it is where '
-                                  'model_src is copied to', 'set the absolute destination (e.g. /srv/models/NAME).',
-                                  value=model))
+        problem = _model_src_problem(src, model)
+        if problem == 'src':
+            out.append(refuse(var + '.model_src', host, 'is not a directory on the controller (the machine running '
+                              'ansible-playbook)', 'point it at the model directory on the controller, or set it to '
+                              '"" when the model is already on the hosts.', value=src))
+        elif problem == 'model':
+            out.append(refuse(var + '.model', host, 'must be an absolute path on the host: it is where model_src is '
+                              'copied to', 'set the absolute destination (e.g. /srv/models/NAME).', value=model))
     return out

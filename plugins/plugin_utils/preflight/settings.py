@@ -11,7 +11,8 @@ from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bund
 from ansible_collections.pd_bundle.serving.plugins.filter import preflight as _pf
 
 from .core import (CUDA13_WHEEL, NON_CUDA_WHEEL, PLAIN_WHEEL, VERSION_RE, VLLM_CUDA13_FROM, _cfgs, _is_list, _j,
-                   _lax_string, _master_ha, _option, _port, _port_note, _roles, _truthy, _version, check, refuse)
+                   _lax_string, _master_ha, _model_src_problem, _option, _port, _port_note, _roles, _truthy, _version,
+                   check, refuse)
 
 
 # --- groups (fleet, before the per-host checks) -------------------------------------------------------
@@ -370,14 +371,13 @@ def model_set(cfg, host, groups, specs):
 @check('model', role='vllm')
 def model_src(cfg, host, groups, specs):
     src = cfg.get('vllm_model_src', '')
-    if src is None or src == '' or src == []:
+    problem = _model_src_problem(src, cfg.get('vllm_model', ''))
+    if problem is None:
         return []
-    if not (isinstance(src, str) and os.path.isdir(src)):
+    if problem == 'src':
         why = 'not a directory on the controller (the machine running ansible-playbook)'
-    elif not str(cfg.get('vllm_model', '')).startswith('/'):
-        why = 'vllm_model=%s must be an absolute path on the host (the copy destination)' % cfg.get('vllm_model')
     else:
-        return []
+        why = 'vllm_model=%s must be an absolute path on the host (the copy destination)' % cfg.get('vllm_model')
     return [refuse('vllm_model_src', host, ': %s' % why, 'point vllm_model_src at the model directory on the '
                    'controller (an absolute path) and vllm_model at its absolute destination on the host, or set '
                    'vllm_model_src to "" when the model is already on the host.', value=src)]
