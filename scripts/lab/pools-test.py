@@ -38,46 +38,35 @@ sys.path.insert(0, HERE)
 import labinv  # noqa: E402
 import load  # noqa: E402
 
+from drills import sh  # noqa: E402  (a command in a lab container)
+from reuse import metrics, parse_sources  # noqa: E402  (an instance's /metrics read on its host; tokens by source)
+
 OVERLAY = os.path.join(REPO, "molecule", "default", "pools.yml")
-METRIC = "vllm:prompt_tokens_by_source_total"
 
 
-def sh(host, *cmd, check=True, timeout=60, input=None):  # noqa: A002 - subprocess.run's name
-    return subprocess.run([os.environ.get("DOCKER", "docker"), "exec", "-i", host, *cmd], capture_output=True,
-                          text=True, check=check, timeout=timeout, input=input)
-
-
-def metric_sum(text, name, labels=None):
-    """The sum of NAME's samples whose labels include LABELS ({} = all)."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        head, _, value = line.rpartition(" ")
-        if all('%s="%s"' % (k, v) in head for k, v in (labels or {}).items()):
-            total += float(value)
-    return total
+def members(lab, pool, roles=("prefill", "decode")):
+    """(role, host, instance dict) of each of the pool's instances in ROLES (a host ref: every instance on it)."""
+    for role in roles:
+        for ref in pool[role]:
+            host, _, name = ref.partition("/")
+            for inst in lab.host_vars(host)["vllm_instances"]:
+                if not name or inst["name"] == name:
+                    yield role, host, inst
 
 
 def counters(lab, pools):
-    """{host/instance: {done, ext, computed}} of every instance of the pools, from its /metrics."""
+    """{host/instance: {pool, role, done, ext, computed}} of every instance of the pools, from its /metrics: finished
+    requests (vllm:request_success_total) and prompt tokens by KV transfer and computed (by source)."""
     out = {}
     for pool in pools:
-        for role in ("prefill", "decode"):
-            for ref in pool[role]:
-                host, _, name = ref.partition("/")
-                hv = lab.host_vars(host)
-                for inst in hv["vllm_instances"]:
-                    if name and inst["name"] != name:
-                        continue
-                    ip = hv.get("common_host_ip") or lab.ips[host]
-                    text = sh(host, "curl", "-sS", "-m", "20", "http://%s:%s/metrics" % (ip, inst["port"]),
-                              timeout=40).stdout
-                    out["%s/%s" % (host, inst["name"])] = {
-                        "pool": pool["name"], "role": role,
-                        "done": metric_sum(text, "vllm:request_success_total"),
-                        "ext": metric_sum(text, METRIC, {"source": "external_kv_transfer"}),
-                        "computed": metric_sum(text, METRIC, {"source": "local_compute"})}
+        for role, host, inst in members(lab, pool):
+            text = metrics(host, inst["port"], lab)
+            done = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("vllm:request_success_total"))
+            src = parse_sources(text)
+            out["%s/%s" % (host, inst["name"])] = {"pool": pool["name"], "role": role, "done": done,
+                                                  "ext": src.get("external_kv_transfer", 0.0),
+                                                  "computed": src.get("local_compute", 0.0)}
     return out
 
 
@@ -164,10 +153,8 @@ def unit_pids(units):
 
 
 def pool_units(lab, pool):
-    """(host, unit) of the pool's vLLM instances (a host ref: each of its instances) and routers."""
-    units = [(h, "vllm@" + i["name"]) for role in ("prefill", "decode") for h, _, n in [r.partition("/") for r in pool[role]]
-             for i in lab.host_vars(h)["vllm_instances"] if not n or i["name"] == n]
-    return units + [(r, "vllm-router") for r in pool["routers"]]
+    """(host, unit) of the pool's vLLM instances and routers."""
+    return [(h, "vllm@" + i["name"]) for _, h, i in members(lab, pool)] + [(r, "vllm-router") for r in pool["routers"]]
 
 
 P50_CLIENT = r'''
