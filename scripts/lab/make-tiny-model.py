@@ -91,7 +91,9 @@ def ensure_deps(cache):
     import subprocess
     venv = os.path.join(cache, "venv-tools")
     py = os.path.join(venv, "bin", "python")
-    if os.path.realpath(sys.executable) == os.path.realpath(py) or os.environ.get("PD_LAB_TOOLS_VENV"):
+    # By prefix: a venv's python is a link to the same interpreter as any other venv's, so the executables' real
+    # paths cannot tell the tools venv from the caller's.
+    if os.path.realpath(sys.prefix) == os.path.realpath(venv) or os.environ.get("PD_LAB_TOOLS_VENV"):
         sys.exit("torch/transformers/tokenizers missing even in " + venv)
     wh = os.environ.get("PD_LAB_WHEELHOUSE", os.path.join(cache, "wheelhouse"))
     if not os.path.isdir(wh):

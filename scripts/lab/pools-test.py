@@ -30,6 +30,7 @@ import re
 import subprocess
 import sys
 import time
+import runpy
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,6 +40,7 @@ import labinv  # noqa: E402
 import load  # noqa: E402
 
 from drills import sh  # noqa: E402  (a command in a lab container)
+from labinv import role_var  # noqa: E402  (a role's internal variable, where it is defined)
 from reuse import metrics, parse_sources  # noqa: E402  (an instance's /metrics read on its host; tokens by source)
 
 OVERLAY = os.path.join(REPO, "molecule", "default", "pools.yml")
@@ -157,19 +159,20 @@ def pool_units(lab, pool):
     return [(h, "vllm@" + i["name"]) for _, h, i in members(lab, pool)] + [(r, "vllm-router") for r in pool["routers"]]
 
 
-P50_CLIENT = r'''
+P50_CLIENT = r"""
 import http.client, json, ssl, statistics, sys, time
 cfg = json.loads(sys.stdin.read())
 ctx = ssl.create_default_context(cafile=cfg["ca"])
 def conn(kind):
     if kind == "entry":
         return http.client.HTTPSConnection(cfg["vip"], cfg["entry_port"], context=ctx, timeout=120)
-    return http.client.HTTPConnection(cfg["router"], cfg["router_port"], timeout=120)
-conns = {"entry": conn("entry"), "router": conn("router")}
-lat = {"entry": [], "router": []}
+    return http.client.HTTPConnection(cfg["router"], cfg["ports"][kind], timeout=120)
+kinds = ["entry", "router"] + (["igw"] if "igw" in cfg["ports"] else [])
+conns = {k: conn(k) for k in kinds}
+lat = {k: [] for k in kinds}
 for n in range(cfg["n"]):
-    for kind in (("entry", "router") if n % 2 == 0 else ("router", "entry")):
-        body = json.dumps({"model": cfg["model"], "prompt": "p50 %d %s" % (n, cfg["prompt"]), "max_tokens": 4,
+    for kind in kinds[n % len(kinds):] + kinds[:n % len(kinds)]:
+        body = json.dumps({"model": cfg["model"], "prompt": "p50 %d %s %s" % (n, kind, cfg["prompt"]), "max_tokens": 4,
                            "temperature": 0})
         h = {"Content-Type": "application/json"}
         if kind == "entry":
@@ -181,22 +184,120 @@ for n in range(cfg["n"]):
             sys.exit("%s answered %d" % (kind, r.status))
         lat[kind].append(time.perf_counter() - t)
 print(json.dumps({k: statistics.median(v) for k, v in lat.items()}))
-'''
+"""
+
+# vllm-router's multi-model mode (--enable-igw), the alternative to the entry's routing on the body's model: a second,
+# transient router on pool a's router host (systemd-run, as playbooks/benchmark.yml starts its routers), with that
+# router's own command line (its env file, the one place it is built) less its worker list, on its own port, and every
+# pool's workers registered through POST /workers with their model. Lab only: its port is let in by a rule inserted at
+# the head of the bundle's nft table and deleted after.
+IGW_UNIT = "pd-igw-bench"
+IGW_PORT_OFFSET = 7  # vllm_router_port + 7: free on the lab's router hosts (its metrics port: + 28000, as benchmark.yml)
+ROUTER_ENV = "/etc/vllm-router/router.env"
+_FILTERS = os.path.join(REPO, "plugins", "filter")
+_load = runpy.run_path(os.path.join(_FILTERS, "siblings.py"))["load"]
+membership = _load("membership", _FILTERS)
+argv_set = _load("argv", _FILTERS).argv_set
 
 
-def p50_ratio(lab, pool, model, key, n):
-    """Entry p50 (model routing) / direct to the pool's router, from a client on the first entry host."""
+def router_argv(router):
+    """A router's command line, read from its env file."""
+    line = next(x for x in sh(router, "cat", ROUTER_ENV).stdout.splitlines() if x.startswith("VLLM_ROUTER_ARGS="))
+    return line.split("=", 1)[1].strip().strip('"').split()
+
+
+def argv_workers(argv):
+    """[{url, worker_type, bootstrap_port?}] of a router command line's --prefill URL [PORT] and --decode URL."""
+    out = []
+    for i, a in enumerate(argv):
+        if a in membership.WORKER_FLAGS:
+            w = {"url": argv[i + 1], "worker_type": membership.WORKER_FLAGS[a]}
+            if a == "--prefill" and i + 2 < len(argv) and argv[i + 2].isdigit():
+                w["bootstrap_port"] = int(argv[i + 2])
+            out.append(w)
+    return out
+
+
+def igw_start(lab, pools, port):
+    """Start the IGW router on pool a's router host with every pool's workers: [{url, model_id, worker_type,
+    is_healthy}] as its /workers lists them once every worker is healthy (or after 120 s)."""
+    router = pools[0]["routers"][0]
+    ip = lab.host_vars(router).get("common_host_ip") or lab.ips[router]
+    argv = argv_set(membership.router_flags(router_argv(router)),
+                    {"--host": ip, "--port": port, "--prometheus-host": "127.0.0.1",
+                     "--prometheus-port": port + 28000}) + ["--enable-igw"]
+    user, venv = lab.var("vllm_router_user"), lab.var("vllm_router_venv")
+    sh(router, "systemd-run", "--unit", IGW_UNIT, "--collect", "--property", "User=" + user,
+       "--property", "EnvironmentFile=" + role_var("vllm_router", "_vllm_router_key_file"),
+       "--", venv + "/bin/vllm-router", *argv)
+    sh(router, "nft", "insert", "rule", "inet", role_var("firewall", "_firewall_table"), "input",
+       "tcp", "dport", str(port), "accept")
+    workers = [dict(w, model_id=p["served_model_name"]) for p in pools for r in p["routers"][:1]
+               for w in argv_workers(router_argv(r))]
+    base = "http://%s:%d" % (ip, port)
+    for _ in range(60):
+        if sh(router, "curl", "-sf", base + "/health", check=False).returncode == 0:
+            break
+        time.sleep(1)
+    for w in workers:
+        sh(router, "curl", "-sf", "-X", "POST", "-H", "Content-Type: application/json", "-d", json.dumps(w),
+           base + "/workers")
+    listed = []
+    for _ in range(60):
+        listed = json.loads(sh(router, "curl", "-sf", base + "/workers").stdout or "{}").get("workers", [])
+        if len(listed) >= len(workers) and all(w.get("is_healthy") for w in listed):
+            break
+        time.sleep(2)
+    return [{k: w.get(k) for k in ("url", "model_id", "worker_type", "is_healthy")} for w in listed]
+
+
+def igw_stop(lab, pools, port):
+    """Stop the IGW router and delete its nft rule (by its handle)."""
+    router = pools[0]["routers"][0]
+    sh(router, "systemctl", "stop", IGW_UNIT, check=False)
+    table = role_var("firewall", "_firewall_table")
+    listing = sh(router, "nft", "-a", "list", "chain", "inet", table, "input").stdout
+    for handle in re.findall(r"tcp dport %d accept # handle (\d+)" % port, listing):
+        sh(router, "nft", "delete", "rule", "inet", table, "input", "handle", handle)
+
+
+def igw_kv(lab, pools, model, key, port, n=6):
+    """Pool a's decode counters over N fresh prompts through the IGW router alone: the prompt tokens its decode got by
+    KV transfer and computed itself (the IGW router does no Mooncake bootstrap lookup for a prefill added through
+    /workers: docs/scaling.md)."""
+    router = pools[0]["routers"][0]
+    ip = lab.host_vars(router).get("common_host_ip") or lab.ips[router]
+    before = counters(lab, pools[:1])
+    for i in range(n):
+        body = json.dumps({"model": model, "prompt": "igw %s %d " % (uuid.uuid4().hex, i) + load.PROMPT_BODY,
+                           "max_tokens": 4, "temperature": 0})
+        sh(router, "curl", "-sf", "-X", "POST", "-H", "Content-Type: application/json", "-d", body,
+           "http://%s:%d/v1/completions" % (ip, port))
+    after = counters(lab, pools[:1])
+    dec = [r for r, c in before.items() if c["role"] == "decode"]
+    return {k: sum(after[r][k] - before[r][k] for r in dec) for k in ("ext", "computed")} | {"requests": n}
+
+
+def p50_ratio(lab, pool, model, key, n, igw_port=None):
+    """Entry p50 (model routing) / direct to the pool's router, from a client on the first entry host; with igw_port,
+    the IGW router's p50 / direct in the same run (interleaved, keep-alive, one connection each)."""
     entry, router = lab.hosts("entry")[0], pool["routers"][0]
     g = lab.group_vars("entry")
+    ports = {"router": int(lab.var("vllm_router_port"))}
+    if igw_port:
+        ports["igw"] = igw_port
     cfg = {"vip": g["entry_vip"], "entry_port": int(g.get("entry_port", lab.var("entry_port"))),
            "router": lab.host_vars(router).get("common_host_ip") or lab.ips[router],
-           "router_port": int(lab.var("vllm_router_port")), "model": model, "key": key, "n": n,
+           "ports": ports, "model": model, "key": key, "n": n,
            "prompt": load.PROMPT_BODY, "ca": "/tmp/pd-pools-ca.crt"}
     sh(entry, "sh", "-c", "cat > /tmp/pd-pools-ca.crt", input=open(lab.client_ca()).read())
     res = sh(entry, "python3", "-c", P50_CLIENT, input=json.dumps(cfg), timeout=1800)
     p50 = json.loads(res.stdout.strip().splitlines()[-1])
-    return {"entry_p50_s": round(p50["entry"], 4), "router_p50_s": round(p50["router"], 4),
-            "ratio": round(p50["entry"] / p50["router"], 3), "pairs": n}
+    out = {"entry_p50_s": round(p50["entry"], 4), "router_p50_s": round(p50["router"], 4),
+           "ratio": round(p50["entry"] / p50["router"], 3), "pairs": n}
+    if igw_port:
+        out.update({"igw_p50_s": round(p50["igw"], 4), "igw_ratio": round(p50["igw"] / p50["router"], 3)})
+    return out
 
 
 def main(argv=None):
@@ -206,6 +307,8 @@ def main(argv=None):
     ap.add_argument("--rolling", action="store_true", help="rolling restart of pool a under load on both pools")
     ap.add_argument("--p50", type=int, default=0, help="measure the entry's p50 ratio with this many pairs")
     ap.add_argument("--max-p50-ratio", type=float, default=1.05)
+    ap.add_argument("--igw", action="store_true",
+                    help="with --p50: also a vllm-router in multi-model mode (--enable-igw), side by side (reported)")
     args = ap.parse_args(argv)
     import yaml
     lab = labinv.Lab()
@@ -294,7 +397,15 @@ def main(argv=None):
             problems.append("pool a's rolling restart restarted pool b's units %s" % ", ".join(moved))
 
     if args.p50:
-        result["p50"] = p50_ratio(lab, pools[0], pools[0]["served_model_name"], key, args.p50)
+        igw_port = int(lab.var("vllm_router_port")) + IGW_PORT_OFFSET if args.igw else None
+        try:
+            if igw_port:
+                result["igw_workers"] = igw_start(lab, pools, igw_port)
+                result["igw_kv"] = igw_kv(lab, pools, pools[0]["served_model_name"], key, igw_port)
+            result["p50"] = p50_ratio(lab, pools[0], pools[0]["served_model_name"], key, args.p50, igw_port)
+        finally:
+            if igw_port:
+                igw_stop(lab, pools, igw_port)
         if result["p50"]["ratio"] > args.max_p50_ratio:
             problems.append("entry p50 / direct to the router = %.3f > %.2f" % (result["p50"]["ratio"], args.max_p50_ratio))
 

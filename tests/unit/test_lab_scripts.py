@@ -462,6 +462,21 @@ def test_pools_routing_problems_fail_on_a_request_in_the_wrong_pool_or_no_transf
     assert pools.routing_problems(None, before, recomputed, sent) == ["d1/0 (decode, pool a) got no prompt tokens by KV transfer"]
 
 
+
+def test_pools_igw_router_gets_the_real_router_workers_and_flags():
+    """pools-test.py --igw: the IGW router registers the workers of a router's own command line (a prefill with its
+    bootstrap port) and runs that command line less its workers, on its own address."""
+    sys.path.insert(0, str(LAB))
+    pools = _load("pools_test", "pools-test.py")
+    argv = ("--kv-connector mooncake --host 10.0.0.5 --port 8080 --prefill http://10.0.0.1:8100 8998 "
+            "--prefill http://10.0.0.1:8101 8999 --decode http://10.0.0.2:8100 --prometheus-port 29000").split()
+    assert pools.argv_workers(argv) == [
+        {"url": "http://10.0.0.1:8100", "worker_type": "prefill", "bootstrap_port": 8998},
+        {"url": "http://10.0.0.1:8101", "worker_type": "prefill", "bootstrap_port": 8999},
+        {"url": "http://10.0.0.2:8100", "worker_type": "decode"}]
+    flags = pools.argv_set(pools.membership.router_flags(argv), {"--port": 8087})
+    assert flags == "--kv-connector mooncake --host 10.0.0.5 --port 8087 --prometheus-port 29000".split()
+
 def test_vrrp_state_is_the_last_transition_in_the_journal():
     """drills.py waits for every standby entry to be BACKUP before an entry fault: the last state line counts."""
     drills = _load("drills", "drills.py")
