@@ -188,7 +188,7 @@ print(json.dumps({k: statistics.median(v) for k, v in lat.items()}))
 
 # vllm-router's multi-model mode (--enable-igw), the alternative to the entry's routing on the body's model: a second,
 # transient router on pool a's router host (systemd-run, as playbooks/benchmark.yml starts its routers), with that
-# router's own command line (its env file, the one place it is built) less its worker list, on its own port, and every
+# router's own command line (its env file, the one place it is built) on its own port, and every
 # pool's workers registered through POST /workers with their model. Lab only: its port is let in by a rule inserted at
 # the head of the bundle's nft table and deleted after.
 IGW_UNIT = "pd-igw-bench"
@@ -223,7 +223,9 @@ def igw_start(lab, pools, port):
     is_healthy}] as its /workers lists them once every worker is healthy (or after 120 s)."""
     router = pools[0]["routers"][0]
     ip = lab.host_vars(router).get("common_host_ip") or lab.ips[router]
-    argv = argv_set(membership.router_flags(router_argv(router)),
+    # Its workers stay on the command line (PD mode refuses to start without --prefill), though in IGW mode the router
+    # starts with none of them: they come through POST /workers below (docs/scaling.md).
+    argv = argv_set(router_argv(router),
                     {"--host": ip, "--port": port, "--prometheus-host": "127.0.0.1",
                      "--prometheus-port": port + 28000}) + ["--enable-igw"]
     user, venv = lab.var("vllm_router_user"), lab.var("vllm_router_venv")
@@ -278,6 +280,23 @@ def igw_kv(lab, pools, model, key, port, n=6):
     return {k: sum(after[r][k] - before[r][k] for r in dec) for k in ("ext", "computed")} | {"requests": n}
 
 
+def haproxy_times(journals, server):
+    """HAProxy's own share of the entry's requests to SERVER ("/router1 "), from its logs: Ta (the whole request, in ms)
+    less Tr (the server's answer) is the time in HAProxy (the body read, json_query, the backend choice, the connect).
+    {requests, mean_ms, p50_server_ms}; at HAProxy's millisecond resolution, so the mean, not the median."""
+    rows = []
+    for text in journals:
+        for line in text.splitlines():
+            if server in line and "POST /v1/completions" in line:
+                m = re.search(r" (\d+)/(\d+)/(\d+)/(\d+)/(\d+) 200 ", line)
+                if m:
+                    rows.append([int(x) for x in m.groups()])
+    if not rows:
+        return {"requests": 0}
+    return {"requests": len(rows), "mean_ms": round(sum(r[4] - r[3] for r in rows) / len(rows), 2),
+            "p50_server_ms": sorted(r[3] for r in rows)[len(rows) // 2]}
+
+
 def p50_ratio(lab, pool, model, key, n, igw_port=None):
     """Entry p50 (model routing) / direct to the pool's router, from a client on the first entry host; with igw_port,
     the IGW router's p50 / direct in the same run (interleaved, keep-alive, one connection each)."""
@@ -291,10 +310,13 @@ def p50_ratio(lab, pool, model, key, n, igw_port=None):
            "ports": ports, "model": model, "key": key, "n": n,
            "prompt": load.PROMPT_BODY, "ca": "/tmp/pd-pools-ca.crt"}
     sh(entry, "sh", "-c", "cat > /tmp/pd-pools-ca.crt", input=open(lab.client_ca()).read())
+    since = sh(entry, "date", "+%Y-%m-%d %H:%M:%S").stdout.strip()
     res = sh(entry, "python3", "-c", P50_CLIENT, input=json.dumps(cfg), timeout=1800)
     p50 = json.loads(res.stdout.strip().splitlines()[-1])
     out = {"entry_p50_s": round(p50["entry"], 4), "router_p50_s": round(p50["router"], 4),
-           "ratio": round(p50["entry"] / p50["router"], 3), "pairs": n}
+           "ratio": round(p50["entry"] / p50["router"], 3), "pairs": n,
+           "haproxy": haproxy_times([sh(e, "journalctl", "-u", "haproxy", "--since", since, "--no-pager", "-o", "cat").stdout
+                                     for e in lab.hosts("entry")], "/%s " % router)}
     if igw_port:
         out.update({"igw_p50_s": round(p50["igw"], 4), "igw_ratio": round(p50["igw"] / p50["router"], 3)})
     return out

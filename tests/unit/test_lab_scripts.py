@@ -465,7 +465,7 @@ def test_pools_routing_problems_fail_on_a_request_in_the_wrong_pool_or_no_transf
 
 def test_pools_igw_router_gets_the_real_router_workers_and_flags():
     """pools-test.py --igw: the IGW router registers the workers of a router's own command line (a prefill with its
-    bootstrap port) and runs that command line less its workers, on its own address."""
+    bootstrap port) and runs that command line on its own port."""
     sys.path.insert(0, str(LAB))
     pools = _load("pools_test", "pools-test.py")
     argv = ("--kv-connector mooncake --host 10.0.0.5 --port 8080 --prefill http://10.0.0.1:8100 8998 "
@@ -474,8 +474,19 @@ def test_pools_igw_router_gets_the_real_router_workers_and_flags():
         {"url": "http://10.0.0.1:8100", "worker_type": "prefill", "bootstrap_port": 8998},
         {"url": "http://10.0.0.1:8101", "worker_type": "prefill", "bootstrap_port": 8999},
         {"url": "http://10.0.0.2:8100", "worker_type": "decode"}]
-    flags = pools.argv_set(pools.membership.router_flags(argv), {"--port": 8087})
-    assert flags == "--kv-connector mooncake --host 10.0.0.5 --port 8087 --prometheus-port 29000".split()
+    assert pools.argv_set(argv, {"--port": 8087})[:6] == "--kv-connector mooncake --host 10.0.0.5 --port 8087".split()
+
+
+def test_pools_haproxy_times_are_the_entry_share_of_one_router_requests():
+    """pools-test.py --p50: HAProxy's own time (Ta - Tr) of the requests it sent to the measured router only."""
+    sys.path.insert(0, str(LAB))
+    pools = _load("pools_test", "pools-test.py")
+    log = ('1.2.3.4:5 [x] entry_https~ vllm_routers_a/router1 1/0/0/57/58 200 926 ---- key="lab" "POST /v1/completions HTTP/1.1"\n'
+           '1.2.3.4:5 [x] entry_https~ vllm_routers_a/router1 0/0/0/60/60 200 926 ---- key="lab" "POST /v1/completions HTTP/1.1"\n'
+           '1.2.3.4:5 [x] entry_https~ vllm_routers_b/router2 0/0/0/40/45 200 926 ---- key="lab" "POST /v1/completions HTTP/1.1"\n'
+           '1.2.3.4:5 [x] entry_https~ vllm_routers_a/router1 0/0/0/40/45 503 926 ---- key="lab" "POST /v1/completions HTTP/1.1"\n')
+    assert pools.haproxy_times([log, ""], "/router1 ") == {"requests": 2, "mean_ms": 0.5, "p50_server_ms": 60}
+    assert pools.haproxy_times([""], "/router1 ") == {"requests": 0}
 
 def test_vrrp_state_is_the_last_transition_in_the_journal():
     """drills.py waits for every standby entry to be BACKUP before an entry fault: the last state line counts."""
