@@ -138,7 +138,8 @@ lab-scale: venv
 
 # Issue 34: two model pools on the lab's four instances (molecule/default/pools.yml), proven through the entry; the lab
 # stays in pools until the next converge without them (scripts/lab/molecule.sh converge). The entry's p50 with model routing against
-# direct to the pool's router is a benchmark: scripts/lab/pools-test.py --p50 300.
+# direct to the pool's router is a benchmark: scripts/lab/pools-test.py --p50 300 (--igw: vllm-router's multi-model mode beside it,
+# docs/pools.md).
 lab-pools: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/pools-test.py --converge --rolling --out lab-results/pools.json
 

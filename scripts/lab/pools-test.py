@@ -2,7 +2,7 @@
 """Two model pools behind the one entry, on the docker lab (issue 34; docs/pools.md).
 
 The lab's four vLLM instances split into two pools (molecule/default/pools.yml): pool a serves the lab's model on one
-prefill instance and one decode host behind one router, pool b serves it again under a second name and path on the
+prefill instance and one decode host behind one router, pool b serves a second tiny model (its own weights) on the
 other prefill instance and decode host behind the other router. With --converge it first re-converges the lab with
 that overlay (site.yml, every instance restarting at once, as the
 store step does); the lab step after it (converge-store) converges without pools again.
@@ -20,6 +20,10 @@ fails (exit 1) when a goal is missed:
   Pool a has one prefill and one decode in the lab, so its own requests may fail while they restart: reported.
 - with --p50: the entry's p50 with model routing over direct to the pool's router (a client on an entry host,
   keep-alive, interleaved) above --max-p50-ratio (1.05). A benchmark: noisy on the 2-core lab, not a lab step.
+  It also reports HAProxy's own time per request (its log's Ta - Tr).
+- with --p50 and --igw (reported, docs/pools.md): the same client also sends to a vllm-router in multi-model mode
+  (--enable-igw) with both pools' workers, side by side, and six prompts through it alone count pool a's tokens by
+  source (decode by transfer and computed, prefill computed).
 
     scripts/lab/pools-test.py --converge --rolling --out lab-results/pools.json
 """
@@ -264,9 +268,9 @@ def igw_stop(lab, pools, port):
 
 
 def igw_kv(lab, pools, model, key, port, n=6):
-    """Pool a's decode counters over N fresh prompts through the IGW router alone: the prompt tokens its decode got by
-    KV transfer and computed itself (the IGW router does no Mooncake bootstrap lookup for a prefill added through
-    /workers: docs/scaling.md)."""
+    """Pool a's counters over N fresh prompts through the IGW router alone: the prompt tokens its decode got by KV
+    transfer and computed itself, and those its prefill computed (the IGW router does no Mooncake bootstrap lookup
+    for a prefill added through /workers: docs/scaling.md)."""
     router = pools[0]["routers"][0]
     ip = lab.host_vars(router).get("common_host_ip") or lab.ips[router]
     before = counters(lab, pools[:1])
@@ -276,8 +280,11 @@ def igw_kv(lab, pools, model, key, port, n=6):
         sh(router, "curl", "-sf", "-X", "POST", "-H", "Content-Type: application/json", "-d", body,
            "http://%s:%d/v1/completions" % (ip, port))
     after = counters(lab, pools[:1])
-    dec = [r for r, c in before.items() if c["role"] == "decode"]
-    return {k: sum(after[r][k] - before[r][k] for r in dec) for k in ("ext", "computed")} | {"requests": n}
+
+    def delta(role, k):
+        return sum(after[r][k] - before[r][k] for r, c in before.items() if c["role"] == role)
+    return {"requests": n, "ext": delta("decode", "ext"), "computed": delta("decode", "computed"),
+            "prefill_computed": delta("prefill", "computed")}
 
 
 def haproxy_times(journals, server):
