@@ -13,6 +13,8 @@ leaves is removed live. The upstream change that would make adds live: an HTTP r
 add_prefill_server / add_decode_server that runs query_mooncake_bootstrap for a new prefill.
 
 - router_flags:       a router's argv without its worker list (--prefill URL [PORT], --decode URL): what restarts it.
+- router_workers:     a router's argv's worker list, as vllm-router's POST /workers bodies (scripts/lab/pools-test.py).
+- router_env_argv:    the command line of a router env file's VLLM_ROUTER_ARGS line.
 - router_env_flags:   router_flags of a router env file's VLLM_ROUTER_ARGS line.
 - router_membership:  a router's /workers answer against the wanted prefills and decodes: remove (live), add (restart),
   unhealthy, and in_sync.
@@ -25,27 +27,49 @@ LIVE_ADD = False  # vllm-router 0.1.17: no live add in PD mode (see above)
 WORKER_FLAGS = {'--prefill': 'prefill', '--decode': 'decode'}
 
 
-def router_flags(argv):
-    """argv without its --prefill URL [BOOTSTRAP_PORT] and --decode URL entries (a port is the token after a prefill's
-    URL when it is all digits)."""
-    out, i, argv = [], 0, [str(a) for a in (argv or [])]
+def _split_argv(argv):
+    """(flags, workers) of a router argv: the argv without its --prefill URL [BOOTSTRAP_PORT] and --decode URL entries
+    (a port is the token after a prefill's URL when it is all digits), and those entries as
+    [{url, worker_type, bootstrap_port (a prefill's, when given)}] in argv order."""
+    flags, workers, i, argv = [], [], 0, [str(a) for a in (argv or [])]
     while i < len(argv):
         if argv[i] in WORKER_FLAGS:
+            w = {'url': argv[i + 1] if i + 1 < len(argv) else None, 'worker_type': WORKER_FLAGS[argv[i]]}
             i += 2
-            if argv[i - 2] == '--prefill' and i < len(argv) and argv[i].isdigit():
+            if w['worker_type'] == 'prefill' and i < len(argv) and argv[i].isdigit():
+                w['bootstrap_port'] = int(argv[i])
                 i += 1
+            if w['url'] is not None:
+                workers.append(w)
             continue
-        out.append(argv[i])
+        flags.append(argv[i])
         i += 1
-    return out
+    return flags, workers
+
+
+def router_flags(argv):
+    """argv without its --prefill URL [BOOTSTRAP_PORT] and --decode URL entries: what restarts the router."""
+    return _split_argv(argv)[0]
+
+
+def router_workers(argv):
+    """[{url, worker_type, bootstrap_port?}] of a router argv's --prefill URL [PORT] and --decode URL entries (in
+    the shape of vllm-router's POST /workers body)."""
+    return _split_argv(argv)[1]
+
+
+def router_env_argv(env_text, name='VLLM_ROUTER_ARGS'):
+    """The command line in a router env file's NAME="..." line, split as systemd splits $VAR (None: no such line)."""
+    for line in str(env_text or '').splitlines():
+        if line.startswith(name + '='):
+            return line[len(name) + 1:].strip().strip('"').split()
+    return None
 
 
 def router_env_flags(env_text, name='VLLM_ROUTER_ARGS'):
     """router_flags of the command line in a router env file's NAME="..." line (None: the file has no such line)."""
-    for line in str(env_text or '').splitlines():
-        if line.startswith(name + '='):
-            return router_flags(line[len(name) + 1:].strip().strip('"').split())
-    return None
+    argv = router_env_argv(env_text, name)
+    return None if argv is None else router_flags(argv)
 
 
 def vllm_env_endpoint(env_text):

@@ -78,6 +78,10 @@ class Lab:
             return defaults[name]
         raise KeyError(f"{name}: not in the lab inventory's group_vars/all.yml nor in any role's defaults")
 
+    def host_ip(self, host):
+        """The address the bundle gives HOST (its common_host_ip), else its address on the lab's docker network."""
+        return self.host_vars(host).get("common_host_ip") or self.ips[host]
+
     def instances(self, groups=("vllm_prefill", "vllm_decode")):
         return [(h, i["name"], int(i["port"])) for g in groups for h in self.groups.get(g, [])
                 for i in self.host_vars(h).get("vllm_instances", [])]

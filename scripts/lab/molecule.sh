@@ -25,7 +25,7 @@ if [[ "${PD_LAB_SKIP_PREPARE:-0}" != 1 ]]; then
   python3 "$here/make-tiny-model.py" >/dev/null
   # The second model pool's own weights (molecule/default/pools.yml): the same tokenizer, another random init (5 s).
   # Seed 2: seed 1's greedy tokens are bytes of unfinished UTF-8 characters, which vLLM returns as empty text.
-  python3 "$here/make-tiny-model.py" --out "${PD_LAB_CACHE:-$HOME/.cache/pd-lab}/tiny-b" --seed 2 >/dev/null
+  python3 "$here/make-tiny-model.py" --out "$PD_LAB_CACHE/tiny-b" --seed 2 >/dev/null
 fi
 
 cd "$repo"

@@ -33,8 +33,8 @@ import os
 import re
 import subprocess
 import sys
-import time
 import runpy
+import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -140,7 +140,7 @@ def kv_isolation(lab, pools):
     decodes = [[r.partition("/")[0] for r in p["decode"]] for p in pools]
     for i, pool in enumerate(pools):
         for host in decodes[i]:
-            ip = lab.host_vars(host).get("common_host_ip") or lab.ips[host]
+            ip = lab.host_ip(host)
             ports = sorted(int(m) for m in re.findall(r":(\d+)\s", sh(host, "ss", "-Hltn").stdout)
                            if lo <= int(m) <= hi)
             if not ports:
@@ -197,39 +197,27 @@ print(json.dumps({k: statistics.median(v) for k, v in lat.items()}))
 # the head of the bundle's nft table and deleted after.
 IGW_UNIT = "pd-igw-bench"
 IGW_PORT_OFFSET = 7  # vllm_router_port + 7: free on the lab's router hosts (its metrics port: + 28000, as benchmark.yml)
-ROUTER_ENV = "/etc/vllm-router/router.env"
 _FILTERS = os.path.join(REPO, "plugins", "filter")
 _load = runpy.run_path(os.path.join(_FILTERS, "siblings.py"))["load"]
-membership = _load("membership", _FILTERS)
+membership = _load("membership", _FILTERS)  # a router env file's command line, and its workers
 argv_set = _load("argv", _FILTERS).argv_set
 
 
 def router_argv(router):
-    """A router's command line, read from its env file."""
-    line = next(x for x in sh(router, "cat", ROUTER_ENV).stdout.splitlines() if x.startswith("VLLM_ROUTER_ARGS="))
-    return line.split("=", 1)[1].strip().strip('"').split()
-
-
-def argv_workers(argv):
-    """[{url, worker_type, bootstrap_port?}] of a router command line's --prefill URL [PORT] and --decode URL."""
-    out = []
-    for i, a in enumerate(argv):
-        if a in membership.WORKER_FLAGS:
-            w = {"url": argv[i + 1], "worker_type": membership.WORKER_FLAGS[a]}
-            if a == "--prefill" and i + 2 < len(argv) and argv[i + 2].isdigit():
-                w["bootstrap_port"] = int(argv[i + 2])
-            out.append(w)
-    return out
+    """A router's command line, read from its env file on its host."""
+    env = sh(router, "cat", role_var("vllm_router", "_vllm_router_env_file")).stdout
+    return membership.router_env_argv(env)
 
 
 def igw_start(lab, pools, port):
     """Start the IGW router on pool a's router host with every pool's workers: [{url, model_id, worker_type,
     is_healthy}] as its /workers lists them once every worker is healthy (or after 120 s)."""
     router = pools[0]["routers"][0]
-    ip = lab.host_vars(router).get("common_host_ip") or lab.ips[router]
+    ip = lab.host_ip(router)
     # Its workers stay on the command line (PD mode refuses to start without --prefill), though in IGW mode the router
     # starts with none of them: they come through POST /workers below (docs/scaling.md).
-    argv = argv_set(router_argv(router),
+    argvs = {p["routers"][0]: router_argv(p["routers"][0]) for p in pools}
+    argv = argv_set(argvs[router],
                     {"--host": ip, "--port": port, "--prometheus-host": "127.0.0.1",
                      "--prometheus-port": port + 28000}) + ["--enable-igw"]
     user, venv = lab.var("vllm_router_user"), lab.var("vllm_router_venv")
@@ -238,8 +226,8 @@ def igw_start(lab, pools, port):
        "--", venv + "/bin/vllm-router", *argv)
     sh(router, "nft", "insert", "rule", "inet", role_var("firewall", "_firewall_table"), "input",
        "tcp", "dport", str(port), "accept")
-    workers = [dict(w, model_id=p["served_model_name"]) for p in pools for r in p["routers"][:1]
-               for w in argv_workers(router_argv(r))]
+    workers = [dict(w, model_id=p["served_model_name"]) for p in pools
+               for w in membership.router_workers(argvs[p["routers"][0]])]
     base = "http://%s:%d" % (ip, port)
     for _ in range(60):
         if sh(router, "curl", "-sf", base + "/health", check=False).returncode == 0:
@@ -267,12 +255,12 @@ def igw_stop(lab, pools, port):
         sh(router, "nft", "delete", "rule", "inet", table, "input", "handle", handle)
 
 
-def igw_kv(lab, pools, model, key, port, n=6):
+def igw_kv(lab, pools, model, port, n=6):
     """Pool a's counters over N fresh prompts through the IGW router alone: the prompt tokens its decode got by KV
     transfer and computed itself, and those its prefill computed (the IGW router does no Mooncake bootstrap lookup
     for a prefill added through /workers: docs/scaling.md)."""
     router = pools[0]["routers"][0]
-    ip = lab.host_vars(router).get("common_host_ip") or lab.ips[router]
+    ip = lab.host_ip(router)
     before = counters(lab, pools[:1])
     for i in range(n):
         body = json.dumps({"model": model, "prompt": "igw %s %d " % (uuid.uuid4().hex, i) + load.PROMPT_BODY,
@@ -313,7 +301,7 @@ def p50_ratio(lab, pool, model, key, n, igw_port=None):
     if igw_port:
         ports["igw"] = igw_port
     cfg = {"vip": g["entry_vip"], "entry_port": int(g.get("entry_port", lab.var("entry_port"))),
-           "router": lab.host_vars(router).get("common_host_ip") or lab.ips[router],
+           "router": lab.host_ip(router),
            "ports": ports, "model": model, "key": key, "n": n,
            "prompt": load.PROMPT_BODY, "ca": "/tmp/pd-pools-ca.crt"}
     sh(entry, "sh", "-c", "cat > /tmp/pd-pools-ca.crt", input=open(lab.client_ca()).read())
@@ -430,7 +418,7 @@ def main(argv=None):
         try:
             if igw_port:
                 result["igw_workers"] = igw_start(lab, pools, igw_port)
-                result["igw_kv"] = igw_kv(lab, pools, pools[0]["served_model_name"], key, igw_port)
+                result["igw_kv"] = igw_kv(lab, pools, pools[0]["served_model_name"], igw_port)
             result["p50"] = p50_ratio(lab, pools[0], pools[0]["served_model_name"], key, args.p50, igw_port)
         finally:
             if igw_port:

@@ -470,7 +470,7 @@ def test_pools_igw_router_gets_the_real_router_workers_and_flags():
     pools = _load("pools_test", "pools-test.py")
     argv = ("--kv-connector mooncake --host 10.0.0.5 --port 8080 --prefill http://10.0.0.1:8100 8998 "
             "--prefill http://10.0.0.1:8101 8999 --decode http://10.0.0.2:8100 --prometheus-port 29000").split()
-    assert pools.argv_workers(argv) == [
+    assert pools.membership.router_workers(argv) == [
         {"url": "http://10.0.0.1:8100", "worker_type": "prefill", "bootstrap_port": 8998},
         {"url": "http://10.0.0.1:8101", "worker_type": "prefill", "bootstrap_port": 8999},
         {"url": "http://10.0.0.2:8100", "worker_type": "decode"}]

@@ -73,6 +73,19 @@ def test_router_flags_drop_the_worker_list_only():
     assert m.router_flags(argv[:-1] + ["8001"]) != m.router_flags(argv)
 
 
+
+def test_router_workers_are_the_list_router_flags_drops():
+    """The same walk: each --prefill URL [PORT] and --decode URL entry, the rest of the argv untouched."""
+    argv = ["--vllm-pd-disaggregation", "--prefill", P0["url"], "8998", "--prefill", "http://x:1", "--decode", D0,
+            "--port", "8000"]
+    assert m.router_workers(argv) == [{"url": P0["url"], "worker_type": "prefill", "bootstrap_port": 8998},
+                                      {"url": "http://x:1", "worker_type": "prefill"},
+                                      {"url": D0, "worker_type": "decode"}]
+    env = 'VLLM_ROUTER_ARGS="%s"\n' % " ".join(argv)
+    assert m.router_env_argv(env) == argv and m.router_env_argv("RUST_LOG=info\n") is None
+    # A worker flag with no URL left: dropped from the flags as before, and no worker.
+    assert m.router_flags(["--port", "1", "--decode"]) == ["--port", "1"] and m.router_workers(["--decode"]) == []
+
 def test_vllm_env_endpoint_reads_what_the_routers_know():
     env = ("# vLLM prefill instance prefill0 on prefill1\nSERVE_BIND_HOST=0.0.0.0\nSERVE_PORT=8100\n"
            "VLLM_HOST_IP=172.30.0.21\nVLLM_MOONCAKE_BOOTSTRAP_PORT=8998\nSERVE_KV_TRANSFER_CONFIG='{\"a\":1}'\n")
