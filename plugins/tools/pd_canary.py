@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""A canary through every prefill x decode pair of one model pool: prefill -> KV transfer -> decode.
+
+Why: a pair can be wedged while both ends answer /health 200 and a fresh transfer engine (status's matrix) moves
+data fine. Seen on the lab: after 40 s of dropped packets between a prefill and a decode, the pair stayed broken for
+over 10 minutes ("Timeout waiting for P side ready", "transfer failed: Resource temporarily unavailable") until the
+prefill restarted, and nothing but a latency alert noticed. Only a real request through the instances' own
+connectors sees it.
+
+One run (a systemd timer starts it) sends, per pair, one tiny request the way vllm-router's Mooncake PD mode does:
+prefill and decode at once with one transfer_id; prefill gets max_tokens 1 and do_remote_decode, decode gets
+do_remote_prefill with the prefill's engine id (read from its bootstrap server's /query) and bootstrap address. The
+prompt starts with a random nonce, so neither end finds it in its prefix cache and decode must take the KV by transfer.
+
+A pair passes when both answers are 200 within the timeout and decode's
+vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} grew while the canary ran (the pairs of one decode
+run one after another; another request's transfer into the same decode at the same moment counts too, so the token
+count is a floor of proof, not the canary's own figure). A pair one of whose ends is not healthy (down, starting,
+draining: /health not 200) is skipped, not failed: the routers already avoid it, and a rolling restart must not
+raise an alarm. The canary talks to the instances directly, never through a router, so its failure fails no client.
+
+Out: the node exporter's textfile (pd_canary_*{pool,prefill,decode}), a state file with each pair's last results
+(status's canary column reads it) and one journal line per pair. The vLLM key comes from the environment
+(VLLM_ROUTER_API_KEY, the router's 0600 key file), never from the command line.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+KEY_ENV = 'VLLM_ROUTER_API_KEY'
+TRANSFER_SERIES = 'vllm:prompt_tokens_by_source_total'
+TRANSFER_SOURCE = 'external_kv_transfer'
+# A plain-word prompt: any tokenizer splits it into a few dozen tokens.
+WORDS = ('amber basalt cobalt delta ember fjord granite harbor indigo jasper kelp lumen meadow nickel onyx pebble '
+         'quartz river slate tundra umber violet willow xenon yarrow zephyr').split()
+RESULTS = ('pass', 'fail', 'skip')
+
+
+def transfer_tokens(metrics_text):
+    """Decode's prompt tokens that arrived by KV transfer, summed over its label sets; None when the series is
+    absent (an instance that has not counted one yet exports no series: read as 0 by the caller)."""
+    total, seen = 0.0, False
+    for line in (metrics_text or '').splitlines():
+        if not line.startswith(TRANSFER_SERIES + '{') or ('source="%s"' % TRANSFER_SOURCE) not in line:
+            continue
+        try:
+            total += float(line.rsplit(None, 1)[1])
+            seen = True
+        except (IndexError, ValueError):
+            continue
+    return total if seen else None
+
+
+def engine_id(query):
+    """The engine id a prefill's bootstrap /query names (its first data-parallel rank), or None."""
+    if not isinstance(query, dict) or not query:
+        return None
+    first = query[sorted(query, key=str)[0]]
+    return first.get('engine_id') if isinstance(first, dict) else None
+
+
+def prompt(rng=random):
+    return 'canary %s: %s' % (uuid.uuid4().hex, ' '.join(rng.choice(WORDS) for _ in range(24)))
+
+
+def requests_for(pair, model, engine, transfer_id, text):
+    """The two bodies of one PD request (vllm-router 0.1.17's Mooncake mode): prefill's, decode's."""
+    pre = {'model': model, 'prompt': text, 'max_tokens': 1, 'temperature': 0, 'stream': False,
+           'kv_transfer_params': {'do_remote_decode': True, 'do_remote_prefill': False, 'transfer_id': transfer_id}}
+    dec = {'model': model, 'prompt': text, 'max_tokens': 2, 'temperature': 0, 'stream': False,
+           'kv_transfer_params': {'do_remote_prefill': True, 'do_remote_decode': False, 'transfer_id': transfer_id,
+                                  'remote_engine_id': engine, 'remote_bootstrap_addr': pair['bootstrap_url']}}
+    return pre, dec
+
+
+def verdict(health_ok, answers, tokens_before, tokens_after):
+    """(result, reason) of one pair: skip when an end is not healthy; pass when both answered 200 and decode's
+    transfer counter grew; fail otherwise."""
+    if not all(health_ok.values()):
+        return 'skip', 'not healthy: %s' % ', '.join(sorted(k for k, ok in health_ok.items() if not ok))
+    bad = ['%s %s' % (k, v) for k, v in sorted(answers.items()) if v != 200]
+    if bad:
+        return 'fail', 'answered ' + ', '.join(str(b) for b in bad)
+    grew = (tokens_after or 0) - (tokens_before or 0)
+    if grew <= 0:
+        return 'fail', 'decode counted no prompt token by transfer (policy recompute, or the KV never came)'
+    return 'pass', '%d tokens by transfer' % grew
+
+
+class History:
+    """The last results of each pair (skips left out), kept in a JSON state file across runs."""
+
+    def __init__(self, data=None, keep=10):
+        self.data = dict(data or {})
+        self.keep = keep
+
+    @staticmethod
+    def key(pair):
+        return '%s|%s' % (pair['prefill'], pair['decode'])
+
+    def add(self, pair, result):
+        if result == 'skip':
+            return
+        runs = (self.data.get(self.key(pair)) or [])[-(self.keep - 1):] + [result]
+        self.data[self.key(pair)] = runs
+
+    def failures(self, pair):
+        """Consecutive failures up to the last result."""
+        n = 0
+        for r in reversed(self.data.get(self.key(pair)) or []):
+            if r != 'fail':
+                break
+            n += 1
+        return n
+
+
+def _labels(pool, pair):
+    esc = lambda v: str(v).replace('\\', '\\\\').replace('"', '\\"')  # noqa: E731
+    return 'pool="%s",prefill="%s",decode="%s"' % (esc(pool), esc(pair['prefill']), esc(pair['decode']))
+
+
+def metrics(pool, outcomes, history, now, failures):
+    """The textfile: per pair its last result (success 1/0, absent while it has only skipped), latency, transfer
+    tokens, consecutive failures, broken (FAILURES or more of them) and whether the last run skipped it; and the run's
+    time."""
+    lines = [
+        '# HELP pd_canary_success 1 when the last canary through this prefill x decode pair passed, 0 when it failed.',
+        '# TYPE pd_canary_success gauge']
+    body = {'latency': [], 'tokens': [], 'fails': [], 'broken': [], 'skip': []}
+    for pair, o in outcomes:
+        lab = _labels(pool, pair)
+        if o['result'] != 'skip':
+            lines.append('pd_canary_success{%s} %d' % (lab, o['result'] == 'pass'))
+            body['latency'].append('pd_canary_latency_seconds{%s} %.3f' % (lab, o['seconds']))
+            body['tokens'].append('pd_canary_transfer_tokens{%s} %d' % (lab, o['tokens']))
+        body['fails'].append('pd_canary_consecutive_failures{%s} %d' % (lab, history.failures(pair)))
+        body['broken'].append('pd_canary_broken{%s} %d' % (lab, history.failures(pair) >= failures))
+        body['skip'].append('pd_canary_skipped{%s} %d' % (lab, o['result'] == 'skip'))
+    for name, kind, text, key in (
+            ('pd_canary_latency_seconds', 'gauge', 'Seconds the last canary of the pair took (prefill and decode).', 'latency'),
+            ('pd_canary_transfer_tokens', 'gauge', "Decode's prompt tokens by KV transfer while the last canary ran.", 'tokens'),
+            ('pd_canary_consecutive_failures', 'gauge', 'Canaries of the pair that failed in a row (skips not counted).', 'fails'),
+            ('pd_canary_broken', 'gauge', '1 when the pair failed its last canaries in a row (the failures setting).', 'broken'),
+            ('pd_canary_skipped', 'gauge', '1 when the last run skipped the pair (an end not healthy).', 'skip')):
+        lines += ['# HELP %s %s' % (name, text), '# TYPE %s %s' % (name, kind)] + body[key]
+    lines += ['# HELP pd_canary_last_run_timestamp_seconds When this canary last finished a run.',
+              '# TYPE pd_canary_last_run_timestamp_seconds gauge',
+              'pd_canary_last_run_timestamp_seconds{pool="%s"} %d' % (str(pool).replace('"', '\\"'), now)]
+    return '\n'.join(lines) + '\n'
+
+
+def write_atomic(path, text, mode=0o644):
+    tmp = '%s.%d.tmp' % (path, os.getpid())
+    with open(tmp, 'w') as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+class Client:
+    """HTTP to the instances (stdlib: the tool runs on the host's own python3)."""
+
+    def __init__(self, key, timeout):
+        self.key, self.timeout = key, timeout
+
+    def _open(self, url, body=None, timeout=None):
+        headers = {'Content-Type': 'application/json'}
+        if self.key:
+            headers['Authorization'] = 'Bearer ' + self.key
+        req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                return resp.status, resp.read().decode(errors='replace')
+        except urllib.error.HTTPError as e:
+            return e.code, ''
+        except (OSError, ValueError) as e:  # refused, reset, timed out
+            return type(e).__name__, ''
+
+    def get(self, url, timeout=None):
+        return self._open(url, timeout=timeout)
+
+    def post(self, url, body):
+        return self._open(url, body)
+
+
+def probe(client, pair, model, quick=3.0):
+    """One canary through pair: {result, reason, seconds, tokens}."""
+    health = {}
+    for end in ('prefill', 'decode'):
+        status, _ = client.get(pair[end + '_url'] + '/health', timeout=quick)
+        health[end] = status == 200
+    out = {'seconds': 0.0, 'tokens': 0}
+    if not all(health.values()):
+        out['result'], out['reason'] = verdict(health, {}, 0, 0)
+        return out
+    status, text = client.get(pair['bootstrap_url'] + '/query', timeout=quick)
+    try:
+        engine = engine_id(json.loads(text)) if status == 200 else None
+    except ValueError:
+        engine = None
+    if not engine:
+        out['result'], out['reason'] = 'fail', 'prefill bootstrap %s/query answered %s' % (pair['bootstrap_url'], status)
+        return out
+    status, text = client.get(pair['decode_url'] + '/metrics', timeout=quick)
+    before = transfer_tokens(text) if status == 200 else None
+    pre, dec = requests_for(pair, model, engine, 'canary-' + uuid.uuid4().hex, prompt())
+    answers = {}
+
+    def send(end, body):
+        answers[end] = client.post(pair[end + '_url'] + '/v1/completions', body)[0]
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=send, args=a, daemon=True) for a in (('prefill', pre), ('decode', dec))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(client.timeout + 1)
+    out['seconds'] = time.monotonic() - start
+    for end in ('prefill', 'decode'):
+        answers.setdefault(end, 'timeout')
+    status, text = client.get(pair['decode_url'] + '/metrics', timeout=quick)
+    after = transfer_tokens(text) if status == 200 else None
+    out['tokens'] = max(int((after or 0) - (before or 0)), 0)
+    out['result'], out['reason'] = verdict(health, answers, before, after)
+    return out
+
+
+def run(config, client, history, log=print):
+    """Every pair once: the pairs of one decode in turn (its counter is read around each), decodes side by side."""
+    by_decode = {}
+    for pair in config['pairs']:
+        by_decode.setdefault(pair['decode'], []).append(pair)
+    outcomes = {}
+
+    def walk(pairs):
+        for pair in pairs:
+            outcomes[History.key(pair)] = probe(client, pair, config['model'])
+
+    threads = [threading.Thread(target=walk, args=(pairs,), daemon=True) for pairs in by_decode.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ordered = []
+    for pair in config['pairs']:
+        o = outcomes[History.key(pair)]
+        history.add(pair, o['result'])
+        ordered.append((pair, o))
+        log('canary pool=%s %s -> %s: %s in %.2fs (%s; %d failed in a row)' % (
+            config['pool'], pair['prefill'], pair['decode'], o['result'], o['seconds'], o['reason'],
+            history.failures(pair)))
+    return ordered
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--config', required=True, help='the pairs (JSON: pool, model, timeout_s, pairs, textfile, state)')
+    a = ap.parse_args(argv)
+    with open(a.config) as f:
+        config = json.load(f)
+    state = config.get('state') or ''
+    data = {}
+    if state and os.path.exists(state):
+        try:
+            with open(state) as f:
+                data = json.load(f).get('history') or {}
+        except (OSError, ValueError):
+            data = {}
+    history = History(data, keep=max(int(config.get('keep', 10)), 1))
+    client = Client(os.environ.get(KEY_ENV, ''), float(config['timeout_s']))
+    outcomes = run(config, client, history)
+    now = int(time.time())
+    if state:
+        write_atomic(state, json.dumps({'time': now, 'pool': config['pool'], 'failures': int(config['failures']),
+                                        'history': history.data,
+                                        'last': {History.key(p): o for p, o in outcomes}}, sort_keys=True), 0o644)
+    if config.get('textfile'):
+        try:
+            write_atomic(config['textfile'], metrics(config['pool'], outcomes, history, now, int(config['failures'])))
+        except OSError as e:  # the collector's directory is gone: the state file still has the results
+            print('cannot write %s: %s' % (config['textfile'], e), flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""plugins/tools/pd_canary.py and plugins/filter/canary.py: what a canary through a prefill x decode pair counts as
+passed, failed or skipped, what it exports, and the pairs a router's canary walks."""
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name, rel):
+    spec = importlib.util.spec_from_file_location(name, REPO / rel)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+canary = _load('pd_canary_under_test', 'plugins/tools/pd_canary.py')
+pairs_filter = _load('canary_filter_under_test', 'plugins/filter/canary.py')
+
+PAIR = {'prefill': 'prefill1/prefill0', 'prefill_url': 'http://10.0.0.1:8100', 'bootstrap_url': 'http://10.0.0.1:8998',
+        'decode': 'decode1/decode0', 'decode_url': 'http://10.0.0.3:8200'}
+METRICS = '''# HELP vllm:prompt_tokens_by_source_total x
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 500.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 1200.0
+vllm:prompt_tokens_by_source_total{engine="1",model_name="m",source="external_kv_transfer"} 30.0
+'''
+
+
+def test_transfer_tokens_sums_the_external_series_only():
+    assert canary.transfer_tokens(METRICS) == 1230.0
+    assert canary.transfer_tokens('vllm:prompt_tokens_by_source_total{source="local_compute"} 5\n') is None
+    assert canary.transfer_tokens('') is None
+
+
+def test_engine_id_is_the_first_rank_of_the_bootstrap_query():
+    assert canary.engine_id({'1': {'engine_id': 'b'}, '0': {'engine_id': 'a', 'worker_addr': {}}}) == 'a'
+    assert canary.engine_id({}) is None
+    assert canary.engine_id(None) is None
+    assert canary.engine_id({'0': 'garbage'}) is None
+
+
+def test_the_two_requests_speak_the_routers_pd_protocol():
+    pre, dec = canary.requests_for(PAIR, 'tiny', 'eng-1', 'canary-x', 'hello')
+    assert pre['max_tokens'] == 1 and pre['kv_transfer_params'] == {
+        'do_remote_decode': True, 'do_remote_prefill': False, 'transfer_id': 'canary-x'}
+    assert dec['kv_transfer_params'] == {
+        'do_remote_prefill': True, 'do_remote_decode': False, 'transfer_id': 'canary-x',
+        'remote_engine_id': 'eng-1', 'remote_bootstrap_addr': 'http://10.0.0.1:8998'}
+    assert pre['prompt'] == dec['prompt'] == 'hello' and pre['model'] == dec['model'] == 'tiny'
+
+
+def test_prompts_never_repeat():
+    # a repeated prompt would be a prefix-cache hit on decode, which moves no KV
+    assert len({canary.prompt() for _ in range(50)}) == 50
+
+
+def test_verdict_passes_only_when_both_answer_and_kv_arrived():
+    ok = {'prefill': True, 'decode': True}
+    assert canary.verdict(ok, {'prefill': 200, 'decode': 200}, 100, 140)[0] == 'pass'
+    # a decode that answered without a transfer (recompute hid a failed pull) fails
+    result, reason = canary.verdict(ok, {'prefill': 200, 'decode': 200}, 100, 100)
+    assert result == 'fail' and 'no prompt token by transfer' in reason
+    # the wedged pair: decode never answers within the timeout
+    result, reason = canary.verdict(ok, {'prefill': 200, 'decode': 'timeout'}, 100, 100)
+    assert result == 'fail' and 'decode timeout' in reason
+    assert canary.verdict(ok, {'prefill': 500, 'decode': 200}, 0, 50)[0] == 'fail'
+    # a first transfer into a decode that had exported no series yet
+    assert canary.verdict(ok, {'prefill': 200, 'decode': 200}, None, 60)[0] == 'pass'
+
+
+def test_an_end_not_healthy_is_skipped_not_failed():
+    result, reason = canary.verdict({'prefill': True, 'decode': False}, {}, 0, 0)
+    assert result == 'skip' and 'decode' in reason
+
+
+def test_history_counts_failures_in_a_row_and_ignores_skips():
+    h = canary.History(keep=4)
+    for r in ('pass', 'fail', 'skip', 'fail', 'fail'):
+        h.add(PAIR, r)
+    assert h.failures(PAIR) == 3
+    assert h.data[canary.History.key(PAIR)] == ['pass', 'fail', 'fail', 'fail']
+    h.add(PAIR, 'pass')
+    assert h.failures(PAIR) == 0
+    assert len(h.data[canary.History.key(PAIR)]) == 4
+
+
+def test_metrics_mark_a_pair_broken_at_the_failure_count():
+    h = canary.History({canary.History.key(PAIR): ['fail', 'fail']})
+    out = [(PAIR, {'result': 'fail', 'seconds': 10.0, 'tokens': 0, 'reason': 'x'})]
+    h.add(PAIR, 'fail')
+    text = canary.metrics('default', out, h, 1700000000, failures=3)
+    lab = 'pool="default",prefill="prefill1/prefill0",decode="decode1/decode0"'
+    assert 'pd_canary_success{%s} 0' % lab in text
+    assert 'pd_canary_consecutive_failures{%s} 3' % lab in text
+    assert 'pd_canary_broken{%s} 1' % lab in text
+    assert 'pd_canary_broken{%s} 0' % lab in canary.metrics('default', out, h, 1, failures=4)
+    assert 'pd_canary_last_run_timestamp_seconds{pool="default"} 1700000000' in text
+
+
+def test_a_skipped_pair_exports_no_success_sample():
+    text = canary.metrics('default', [(PAIR, {'result': 'skip', 'seconds': 0.0, 'tokens': 0})], canary.History(), 1, 3)
+    assert 'pd_canary_success{' not in text and 'pd_canary_skipped{' in text and '} 1\n' in text
+
+
+class FakeClient:
+    """Recorded answers of the two instances (no network): each URL maps to (status, body)."""
+
+    def __init__(self, answers, timeout=5.0):
+        self.answers, self.timeout, self.posts = answers, timeout, []
+        self.metric_reads = 0
+
+    def get(self, url, timeout=None):
+        if url.endswith('/metrics'):
+            self.metric_reads += 1
+            return self.answers[url][self.metric_reads - 1]
+        return self.answers[url]
+
+    def post(self, url, body):
+        self.posts.append((url, body))
+        return self.answers[url], ''
+
+
+def _answers(decode_status=200, before='0', after='40', prefill_health=200):
+    return {
+        'http://10.0.0.1:8100/health': (prefill_health, ''), 'http://10.0.0.3:8200/health': (200, ''),
+        'http://10.0.0.1:8998/query': (200, json.dumps({'0': {'engine_id': 'prefill1-prefill0'}})),
+        'http://10.0.0.3:8200/metrics': [
+            (200, 'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} %s\n' % v) for v in (before, after)],
+        'http://10.0.0.1:8100/v1/completions': 200, 'http://10.0.0.3:8200/v1/completions': decode_status,
+    }
+
+
+def test_probe_walks_health_bootstrap_and_both_requests():
+    client = FakeClient(_answers())
+    out = canary.probe(client, PAIR, 'tiny')
+    assert out['result'] == 'pass' and out['tokens'] == 40
+    urls = sorted(u for u, _ in client.posts)
+    assert urls == ['http://10.0.0.1:8100/v1/completions', 'http://10.0.0.3:8200/v1/completions']
+    dec = dict(client.posts)['http://10.0.0.3:8200/v1/completions']
+    assert dec['kv_transfer_params']['remote_engine_id'] == 'prefill1-prefill0'
+
+
+def test_probe_fails_a_decode_that_times_out_and_skips_a_draining_prefill():
+    assert canary.probe(FakeClient(_answers(decode_status='timeout', after='0')), PAIR, 'tiny')['result'] == 'fail'
+    skipped = FakeClient(_answers(prefill_health=503))
+    assert canary.probe(skipped, PAIR, 'tiny')['result'] == 'skip' and not skipped.posts
+
+
+def test_run_writes_one_line_per_pair_and_keeps_history():
+    lines, history = [], canary.History()
+    config = {'pool': 'default', 'model': 'tiny', 'pairs': [PAIR]}
+    canary.run(config, FakeClient(_answers(decode_status='timeout', after='0')), history, log=lines.append)
+    assert history.failures(PAIR) == 1
+    assert lines and 'prefill1/prefill0 -> decode1/decode0: fail' in lines[0]
+
+
+def test_pairs_cover_every_prefill_and_decode_of_the_pool():
+    prefills = [{'host': 'p1', 'name': 'prefill0', 'url': 'http://10.0.0.1:8100', 'bootstrap_port': 8998},
+                {'host': 'p1', 'name': 'prefill1', 'url': 'http://10.0.0.1:8101', 'bootstrap_port': 8999}]
+    decodes = [{'host': 'd1', 'name': 'decode0', 'url': 'http://10.0.0.3:8200'}, 'http://10.0.0.4:8200/']
+    pairs = pairs_filter.canary_pairs(prefills, decodes)
+    assert len(pairs) == 4
+    assert pairs[1] == {'prefill': 'p1/prefill0', 'prefill_url': 'http://10.0.0.1:8100',
+                        'bootstrap_url': 'http://10.0.0.1:8998', 'decode': '10.0.0.4:8200',
+                        'decode_url': 'http://10.0.0.4:8200'}
+    assert pairs[2]['bootstrap_url'] == 'http://10.0.0.1:8999'
+    assert pairs_filter.bootstrap_url({'url': 'http://[fd00::1]:8100', 'bootstrap_port': 8998}) == 'http://[fd00::1]:8998'
