@@ -147,6 +147,8 @@ DEFAULTS = dict(ROLES["defaults"], common_pip_lock_dir=LOCKS)
 
 # check id -> (host, inventory, groups, substrings the message must contain besides the host and "Fix:")
 FAILING = {
+    "timeout_budget_order": ("ctl-1", with_vars("router-1", vllm_router_canary_timeout=30), None,
+                             ["vllm_router_canary_timeout=30 on router-1 is not below vllm_router_canary_interval=30"]),
     "groups_required": ("ctl-1", None, groups_with(vllm_router=None), ["no host in group vllm_router"]),
     "groups_disjoint": ("gpu-p1", None, groups_with(vllm_decode=["gpu-d1", "gpu-p1"]),
                         ["gpu-p1 are in both vllm_prefill and vllm_decode"]),

@@ -147,6 +147,8 @@ REGISTRATION_ORDER = [
     'tls_paths',
     # monitoring
     'monitoring_settings', 'monitoring_grafana',
+    # budget
+    'timeout_budget_order',
 ]
 
 
@@ -165,7 +167,7 @@ def test_every_check_registers_once_in_the_documented_order():
                 assert getattr(module, c['id']) is c['fn']
     assert in_source == REGISTRATION_ORDER
     assert [m.__name__.rsplit('.', 1)[1] for m in pc.GROUPS] == [
-        'settings', 'instances', 'fleet', 'managed', 'sandbox', 'addresses', 'store', 'entry', 'tls', 'monitoring']
+        'settings', 'instances', 'fleet', 'managed', 'sandbox', 'addresses', 'store', 'entry', 'tls', 'monitoring', 'budget']
     for path in (os.path.join(PACKAGE_DIR, 'core.py'), os.path.join(PACKAGE_DIR, 'runner.py'),
                  os.path.join(REPO, 'plugins', 'filter', 'preflight_checks.py')):
         assert not re.search(r'^@check\(', open(path).read(), re.M), path

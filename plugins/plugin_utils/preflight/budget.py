@@ -7,8 +7,7 @@ Unit-tested in tests/unit/test_timeout_budget.py and tests/unit/test_preflight_c
 from ansible_collections.pd_bundle.serving.plugins.filter import pools as _pools
 from ansible_collections.pd_bundle.serving.plugins.filter import timeout_budget as _budget
 
-from .core import _cfgs, _vllm_hosts, check, refuse
-from .fleet import _vllm_pools
+from .core import _cfgs, _vllm_hosts, _vllm_pools, check, refuse
 
 
 @check('budget', scope='fleet')
@@ -27,5 +26,6 @@ def timeout_budget_order(hostvars, host, groups, specs):
         hosts = _pools.pool_hosts(mine[0], ('prefill', 'decode')) if mine else [v for v, _ in vllms]
         routers.append((h, cfg, hosts))
     entries = _cfgs(hostvars, groups.get('entry') or [])
-    return [refuse(var, where, problem, fix, whole=True)
+    # Named on the host the variable is set on, and on the host it is checked on, as every fleet check's message.
+    return [refuse(var, where, '%s (checked on %s)' % (problem, host), fix, whole=True)
             for var, where, problem, fix in _budget.budget_problems(entries, routers, vllms)]

@@ -12,6 +12,7 @@ import re
 
 from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
 from ansible_collections.pd_bundle.serving.plugins.filter import managed as _managed
+from ansible_collections.pd_bundle.serving.plugins.filter import pools as _pools
 from ansible_collections.pd_bundle.serving.plugins.filter import preflight as _pf
 from ansible_collections.pd_bundle.serving.plugins.filter import target_rules as _rules
 
@@ -178,6 +179,14 @@ def _cfgs(hostvars, hosts):
 
 def _vllm_hosts(groups):
     return list((groups or {}).get('vllm_prefill') or []) + list((groups or {}).get('vllm_decode') or [])
+
+
+def _vllm_pools(hostvars, groups):
+    """(vllm_pools as the inventory writes it, {host: [instance name]}) from the vLLM hosts' settings."""
+    cfgs = _cfgs(hostvars, (groups.get('vllm_prefill') or []) + (groups.get('vllm_decode') or []))
+    routers = _cfgs(hostvars, groups.get('vllm_router') or [])
+    written = next((cfg.get('vllm_pools') for _, cfg in cfgs + routers if cfg.get('vllm_pools')), None)
+    return written, _pools.instance_names([h for h, _ in cfgs], dict(cfgs))
 
 
 def _master_ha(hostvars, groups):

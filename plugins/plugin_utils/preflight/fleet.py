@@ -12,7 +12,7 @@ from ansible_collections.pd_bundle.serving.plugins.filter import preflight as _p
 from ansible_collections.pd_bundle.serving.plugins.filter import target_rules as _rules
 
 from .core import (_cfgs, _effective, _instances, _is_list, _j, _master_ha, _metadata_backend_set, _store_mode,
-                   _tier_hosts, _truthy, _vllm_argv, _vllm_hosts, check, refuse)
+                   _tier_hosts, _truthy, _vllm_argv, _vllm_hosts, _vllm_pools, check, refuse)
 
 
 # --- fleet-wide (once, after the per-host checks) -----------------------------------------------------
@@ -161,14 +161,6 @@ def router_overrides(hostvars, host, groups, specs):
 
 
 # --- model pools (docs/pools.md) ------------------------------------------------------------------------
-
-def _vllm_pools(hostvars, groups):
-    """(vllm_pools as the inventory writes it, {host: [instance name]}) from the vLLM hosts' settings."""
-    cfgs = _cfgs(hostvars, (groups.get('vllm_prefill') or []) + (groups.get('vllm_decode') or []))
-    routers = _cfgs(hostvars, groups.get('vllm_router') or [])
-    written = next((cfg.get('vllm_pools') for _, cfg in cfgs + routers if cfg.get('vllm_pools')), None)
-    return written, _pools.instance_names([h for h, _ in cfgs], dict(cfgs))
-
 
 @check('fleet', scope='fleet')
 def pools_valid(hostvars, host, groups, specs):
