@@ -29,6 +29,12 @@ Input, one dict per cluster, assembled by the playbook from what each host repor
               mooncake-check reports it), ratio, min_ratio, floor_met, error}]; one per instance pair,
               so a matrix cell (host pair) may hold several: it shows the slowest, and is red if any is
 
+  canary: the PD canary's state file of each router host that has one (plugins/tools/pd_canary.py: history per
+         pair 'prefill host/instance|decode host/instance', failures): each matrix cell gains the canary of its
+         instance pairs, what the instances themselves can do (the transfer check measures a fresh engine). A pair
+         is broken when it failed its last `failures` canaries on every router host that ran it (PDPairBroken's
+         rule); a broken pair is red
+
   gpu_hosts: one line per vLLM host (bundle_status_gpu_host): host, platform, driver, cuda, gpus, persistence,
          fabric_manager, gpudirect, problems; a cpu host has platform 'cpu' and n/a elsewhere
   master_ha: whether the masters run HA (their leader is elected through etcd)
@@ -197,6 +203,43 @@ def _transfer_cells(data):
     return cells
 
 
+def _canary_pairs(data):
+    """{(pool, pair key): {pool, prefill, decode, failures (fewest failed in a row over the router hosts), broken,
+    runs}} from the canary states of the router hosts. Broken: FAILURES in a row on every router host that ran it."""
+    out = {}
+    for state in data.get('canary') or []:
+        if not isinstance(state, dict):
+            continue
+        try:
+            need = int(state.get('failures') or 3)
+        except (TypeError, ValueError):
+            need = 3
+        for key, runs in (state.get('history') or {}).items():
+            if '|' not in key or not runs:
+                continue
+            failed = len(runs) - len(''.join('x' if r == 'fail' else '.' for r in runs).rstrip('x'))
+            prefill, decode = key.split('|', 1)
+            e = out.setdefault((state.get('pool'), key), {'pool': state.get('pool'), 'prefill': prefill, 'decode': decode,
+                                                          'failures': failed, 'broken': True, 'runs': 0})
+            e['failures'] = min(e['failures'], failed)
+            e['broken'] = e['broken'] and failed >= need
+            e['runs'] += 1
+    return out
+
+
+def _canary_cell(pairs, src, dst, pool=None):
+    """The canary of the instance pairs of one matrix cell (prefill host SRC, decode host DST; with POOL, that pool's
+    pairs only), '' without any."""
+    mine = [e for e in pairs.values() if e['prefill'].split('/')[0] == src and e['decode'].split('/')[0] == dst
+            and (pool is None or e['pool'] == pool)]
+    if not mine:
+        return ''
+    broken = [e for e in mine if e['broken']]
+    if broken:
+        return '%s canary broken (%s)' % (RED, ', '.join('%s -> %s' % (e['prefill'], e['decode']) for e in broken))
+    return 'canary %d/%d ok' % (len([e for e in mine if e['failures'] == 0]), len(mine))
+
+
 def _etcd_view(data):
     """etcd's master view: the first member's read that succeeded, else why none did."""
     reads = [v for v in data.get('master_views') or [] if v]
@@ -256,6 +299,8 @@ def bundle_status_red(data):
     red.extend('%s: %s' % (g.get('host'), p) for g in data.get('gpu_hosts') or [] for p in g.get('problems') or [])
     if data.get('transfer_check', True):
         red.extend(r for cell in _transfer_cells(data).values() for r in cell['red'])
+    red.extend('canary %s -> %s: failed %d times in a row on every router host (PDPairBroken)'
+               % (e['prefill'], e['decode'], e['failures']) for e in _canary_pairs(data).values() if e['broken'])
     red.extend(_vip_problems(data))
     red.extend('%s: %s' % (e.get('host'), p) for e in data.get('entry_hosts') or [] for p in e.get('problems') or [])
     red.extend('%s: %s' % (m.get('host'), p) for m in data.get('monitoring_hosts') or [] for p in m.get('problems') or [])
@@ -331,16 +376,23 @@ def bundle_status_table(data):
                            for g in gpu_hosts]))
 
     prefills, decodes = data.get('prefills') or [], data.get('decodes') or []
+    canary = _canary_pairs(data)
     if prefills and decodes:
         out.append('')
-        if not data.get('transfer_check', True):
+        measured = data.get('transfer_check', True)
+        if not measured:
             out.append('Transfers: not measured (status_transfer_check=false)')
-        else:
-            out.append('Transfers prefill -> decode, mooncake-check (GB/s, the slowest instance pair; beside it the link rate, n/a over tcp)')
+        if measured or canary:
+            out.append(('Transfers prefill -> decode, mooncake-check (GB/s, the slowest instance pair; beside it the link '
+                        'rate, n/a over tcp)' if measured else 'Prefill -> decode')
+                       + ('; canary: the instances\' own PD path, passed last time / pairs (pd-canary on the routers)'
+                          if canary else ''))
             cells, links = _transfer_cells(data), _host_link(units)
             for pool, srcs, dsts in _matrices(data):
                 name = pool and pool['name']
-                rows = [[src] + [_matrix_cell(cells[(name, src, dst)], src, dst, links) for dst in dsts]
+                rows = [[src] + [' | '.join(c for c in ((_matrix_cell(cells[(name, src, dst)], src, dst, links)
+                                                          if measured else ''), _canary_cell(canary, src, dst, name)) if c)
+                                 for dst in dsts]
                         for src in srcs]
                 out.extend((['pool %s' % name] if pool else []) + _table(['prefill \\ decode'] + list(dsts), rows))
     out.extend(_entry_lines(data))

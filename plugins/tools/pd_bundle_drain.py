@@ -1,4 +1,5 @@
-"""ASGI middleware for vLLM's --middleware: /health answers 503 while a drain file exists.
+"""ASGI middleware for vLLM's --middleware: /health answers 503 while a drain file exists, and a canary that finds
+this instance wedged can have it drain and restart (POST /pd-bundle/heal).
 
 A rolling restart creates the drain file first. The router's active health check then takes the
 instance out of the rotation while it still serves the requests it already has; once those are
@@ -6,12 +7,30 @@ done the instance restarts (systemd removes its RuntimeDirectory, and the drain 
 comes back after its first good health check. vLLM has no drain switch of its own, and the
 router cannot re-add a PD worker over HTTP once removed, so health is the lever.
 
+Healing (issue 44): the PD canary (plugins/tools/pd_canary.py, on the pool's first router host) POSTs
+/pd-bundle/heal with the instance's API key when this instance is wedged: its transfers fail while its process and
+/health look fine, and only a restart clears it. The middleware then drains exactly as a rolling restart does (the
+drain file: the routers take it out of the rotation), waits the request's grace (its routers' health-check period,
+which the canary knows), then until the requests it is serving are done (at most PD_BUNDLE_DRAIN_TIMEOUT seconds,
+the vllm role's vllm_drain_timeout), and sends itself SIGTERM: vLLM
+shuts down gracefully and systemd (Restart=always) starts it again. No new privilege, no remote shell: the process
+ends itself. Without VLLM_API_KEY the endpoint answers 403 (nobody could be told apart).
+
     --middleware pd_bundle_drain.DrainMiddleware   (module on PYTHONPATH)
     PD_BUNDLE_DRAIN_FILE=/run/vllm-<instance>/drain
+    PD_BUNDLE_DRAIN_TIMEOUT=120
+    POST /pd-bundle/heal?reason=TEXT&grace=SECONDS   (Authorization: Bearer VLLM_API_KEY)
 """
+import hmac
+import urllib.parse
 import os
+import signal
+import sys
+import threading
+import time
 
 DRAIN_BODY = b"draining\n"
+HEAL_PATH = "/pd-bundle/heal"
 
 
 def draining(path=None):
@@ -19,16 +38,88 @@ def draining(path=None):
     return bool(path) and os.path.exists(path)
 
 
+def _float_env(name, default):
+    try:
+        return max(float(os.environ.get(name, default)), 0.0)
+    except ValueError:
+        return default
+
+
+def authorized(headers, key):
+    """Whether the request carries 'Authorization: Bearer KEY' (compared in constant time); never without a key."""
+    if not key:
+        return False
+    for name, value in headers or []:
+        if name.lower() == b"authorization":
+            return hmac.compare_digest(value, b"Bearer " + key.encode())
+    return False
+
+
 class DrainMiddleware:
-    def __init__(self, app, drain_file=None):
+    def __init__(self, app, drain_file=None, key=None, kill=None, clock=time.monotonic, sleep=time.sleep):
         self.app = app
         self.drain_file = drain_file
+        self.key = key if key is not None else os.environ.get("VLLM_API_KEY", "")
+        self.kill = kill or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        self.clock, self.sleep = clock, sleep
+        self.in_flight = 0
+        self.healing = None  # the heal thread, once one started
+
+    def _file(self):
+        return self.drain_file if self.drain_file is not None else os.environ.get("PD_BUNDLE_DRAIN_FILE", "")
+
+    async def _answer(self, send, status, body):
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    def heal(self, reason, grace=5.0, timeout=None):
+        """Drain, wait for the routers and the requests in flight, then end the process (systemd restarts it)."""
+        timeout = _float_env("PD_BUNDLE_DRAIN_TIMEOUT", 120.0) if timeout is None else timeout
+        path = self._file()
+        if path:
+            open(path, "a").close()
+        print("pd-bundle: heal requested (%s): draining, then exiting for systemd to restart this instance" % reason,
+              file=sys.stderr, flush=True)
+        self.sleep(grace)
+        deadline = self.clock() + timeout
+        while self.in_flight > 0 and self.clock() < deadline:
+            self.sleep(1.0)
+        print("pd-bundle: heal: %d request(s) still in flight after the drain; exiting now" % self.in_flight,
+              file=sys.stderr, flush=True)
+        self.kill()
 
     async def __call__(self, scope, receive, send):
-        if scope.get("type") == "http" and scope.get("path") == "/health" and draining(self.drain_file):
-            await send({"type": "http.response.start", "status": 503,
-                        "headers": [(b"content-type", b"text/plain"),
-                                    (b"content-length", str(len(DRAIN_BODY)).encode())]})
-            await send({"type": "http.response.body", "body": DRAIN_BODY})
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        path = scope.get("path")
+        if path == "/health" and draining(self._file()):
+            await self._answer(send, 503, DRAIN_BODY)
+            return
+        if path == HEAL_PATH:
+            if scope.get("method") != "POST":
+                await self._answer(send, 405, b"POST only\n")
+            elif not authorized(scope.get("headers"), self.key):
+                await self._answer(send, 403, b"forbidden\n")
+            elif self.healing is not None:
+                await self._answer(send, 202, b"already healing\n")
+            else:
+                query = urllib.parse.parse_qs((scope.get("query_string") or b"").decode(errors="replace"))
+                reason = (query.get("reason") or ["no reason given"])[0][:300]
+                try:
+                    grace = min(max(float((query.get("grace") or ["5"])[0]), 0.0), 60.0)
+                except ValueError:
+                    grace = 5.0
+                self.healing = threading.Thread(target=self.heal, args=(reason, grace), daemon=True)
+                self.healing.start()
+                await self._answer(send, 202, b"healing\n")
+            return
+        counted = str(path or "").startswith("/v1/")
+        if counted:
+            self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if counted:
+                self.in_flight -= 1

@@ -22,6 +22,19 @@ raise an alarm. The canary talks to the instances directly, never through a rout
 Out: the node exporter's textfile (pd_canary_*{pool,prefill,decode}), a state file with each pair's last results
 (status's canary column reads it) and one journal line per pair. The vLLM key comes from the environment
 (VLLM_ROUTER_API_KEY, the router's 0600 key file), never from the command line.
+
+Healing (config "heal", on the pool's first router host only, so one decides): after a run in which every instance of
+the pool answered /health 200, plan_heal reads the pairs' results:
+- every pair broken (FAILURES in a row): a fabric fault. No restart can fix it; pd_canary_fabric_broken and its
+  alert say so;
+- an instance whose pairs are all broken while each of its peers passes with another instance: that instance is
+  wedged;
+- one broken pair whose prefill and decode both pass with other peers: the pair is wedged; its prefill is healed (on
+  the lab a wedged pair stayed broken until its prefill restarted; restarting its decode did not help).
+The target is healed by POST /pd-bundle/heal on the instance (the drain middleware, plugins/tools/pd_bundle_drain.py):
+it drains like a rolling restart and ends its process, which systemd restarts. At most one heal per pool per
+heal interval, and at most max_attempts heals of one target until its pairs pass again (a path that stays cut is the
+network's to fix, not a restart loop's). Each heal is a journal line and pd_canary_heals_total.
 """
 import argparse
 import json
@@ -31,6 +44,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 
@@ -121,12 +135,100 @@ class History:
         return n
 
 
+def plan_heal(pairs, history, failures):
+    """('fabric', None, why) when every pair with results is broken; ('heal', instance, why) for a wedged instance or
+    a wedged pair's prefill; ('none', None, why) otherwise. Pure: the caller gates it (health, rate, attempts)."""
+    known = [p for p in pairs if history.data.get(History.key(p))]
+    broken = {History.key(p) for p in known if history.failures(p) >= failures}
+    passing = {History.key(p) for p in known if history.data[History.key(p)][-1] == 'pass'}
+    if not broken:
+        return 'none', None, 'no pair broken'
+    if len(known) >= 2 and len(broken) == len(known):
+        return 'fabric', None, 'all %d pairs broken: a fabric fault, which no restart fixes' % len(known)
+
+    def peers_pass_elsewhere(side, name):
+        """Each peer of instance NAME (on SIDE) passes with some other instance of SIDE; False if one cannot be judged."""
+        other = 'decode' if side == 'prefill' else 'prefill'
+        mine = [p for p in known if p[side] == name]
+        for pair in mine:
+            if not any(History.key(q) in passing for q in known if q[other] == pair[other] and q[side] != name):
+                return False
+        return bool(mine)
+
+    for side in ('prefill', 'decode'):
+        for name in dict.fromkeys(p[side] for p in known):
+            mine = [History.key(p) for p in known if p[side] == name]
+            if all(k in broken for k in mine) and peers_pass_elsewhere(side, name):
+                return 'heal', name, '%s %s fails with every peer (%d) while they pass with others: wedged' % (
+                    side, name, len(mine))
+    for pair in known:
+        if History.key(pair) not in broken:
+            continue
+        p_ok = any(History.key(q) in passing for q in known if q['prefill'] == pair['prefill'])
+        d_ok = any(History.key(q) in passing for q in known if q['decode'] == pair['decode'])
+        if p_ok and d_ok:
+            return 'heal', pair['prefill'], 'pair %s -> %s broken while both ends pass with others: its prefill' % (
+                pair['prefill'], pair['decode'])
+    return 'none', None, 'broken pairs, but no wedged instance can be told from them'
+
+
+class Healer:
+    """The gates around plan_heal, and the heal request. state: the 'heals' part of the state file."""
+
+    def __init__(self, config, state, now):
+        self.cfg = config or {}
+        self.state = dict(state or {})
+        self.state.setdefault('targets', {})
+        self.now = now
+
+    def decide(self, pairs, outcomes, history, failures):
+        """(action, target, why) after the gates: healing on, every instance healthy this run, the pool's rate, the
+        target's attempts. A target whose pairs all passed this run has its attempts reset."""
+        for name, t in self.state['targets'].items():
+            mine = [o for p, o in outcomes if name in (p['prefill'], p['decode'])]
+            if mine and all(o['result'] == 'pass' for o in mine):
+                t['attempts'] = 0
+        action, target, why = plan_heal(pairs, history, failures)
+        if action != 'heal':
+            return action, target, why
+        if not self.cfg.get('enabled'):
+            return 'off', target, why + '; healing is off (vllm_router_canary_heal)'
+        if any(o['result'] == 'skip' for _, o in outcomes):
+            return 'wait', target, why + '; an instance of the pool is not healthy (restarting or draining): one at a time'
+        last = self.state.get('last', 0)
+        if self.now - last < float(self.cfg.get('interval_s', 300)):
+            return 'wait', target, why + '; the pool healed %ds ago (at most one heal per %ss)' % (
+                self.now - last, self.cfg.get('interval_s'))
+        t = self.state['targets'].setdefault(target, {'count': 0, 'attempts': 0})
+        if t['attempts'] >= int(self.cfg.get('max_attempts', 2)):
+            return 'gave_up', target, why + '; healed %d times without its pairs passing: left to a person' % t['attempts']
+        return 'heal', target, why
+
+    def record(self, target):
+        t = self.state['targets'].setdefault(target, {'count': 0, 'attempts': 0})
+        t['count'] += 1
+        t['attempts'] += 1
+        self.state['last'] = self.now
+
+
+def heal_url(pairs, target):
+    for pair in pairs:
+        for side in ('prefill', 'decode'):
+            if pair[side] == target:
+                return pair[side + '_url']
+    return None
+
+
+def _esc(value):
+    """A Prometheus label value."""
+    return str(value).replace('\\', '\\\\').replace('"', '\\"')
+
+
 def _labels(pool, pair):
-    esc = lambda v: str(v).replace('\\', '\\\\').replace('"', '\\"')  # noqa: E731
-    return 'pool="%s",prefill="%s",decode="%s"' % (esc(pool), esc(pair['prefill']), esc(pair['decode']))
+    return 'pool="%s",prefill="%s",decode="%s"' % (_esc(pool), _esc(pair['prefill']), _esc(pair['decode']))
 
 
-def metrics(pool, outcomes, history, now, failures):
+def metrics(pool, outcomes, history, now, failures, heals=None, fabric=None):
     """The textfile: per pair its last result (success 1/0, absent while it has only skipped), latency, transfer
     tokens, consecutive failures, broken (FAILURES or more of them) and whether the last run skipped it; and the run's
     time."""
@@ -150,9 +252,18 @@ def metrics(pool, outcomes, history, now, failures):
             ('pd_canary_broken', 'gauge', '1 when the pair failed its last canaries in a row (the failures setting).', 'broken'),
             ('pd_canary_skipped', 'gauge', '1 when the last run skipped the pair (an end not healthy).', 'skip')):
         lines += ['# HELP %s %s' % (name, text), '# TYPE %s %s' % (name, kind)] + body[key]
+    if heals is not None:
+        lines += ['# HELP pd_canary_heals_total Instances this canary drained and restarted because they were wedged.',
+                  '# TYPE pd_canary_heals_total counter']
+        lines += ['pd_canary_heals_total{pool="%s",instance="%s"} %d' % (_esc(pool), _esc(name), t['count'])
+                  for name, t in sorted((heals.get('targets') or {}).items())]
+    if fabric is not None:
+        lines += ['# HELP pd_canary_fabric_broken 1 when every pair of the pool failed its last canaries (no restart is tried).',
+                  '# TYPE pd_canary_fabric_broken gauge',
+                  'pd_canary_fabric_broken{pool="%s"} %d' % (_esc(pool), fabric)]
     lines += ['# HELP pd_canary_last_run_timestamp_seconds When this canary last finished a run.',
               '# TYPE pd_canary_last_run_timestamp_seconds gauge',
-              'pd_canary_last_run_timestamp_seconds{pool="%s"} %d' % (str(pool).replace('"', '\\"'), now)]
+              'pd_canary_last_run_timestamp_seconds{pool="%s"} %d' % (_esc(pool), now)]
     return '\n'.join(lines) + '\n'
 
 
@@ -188,6 +299,10 @@ class Client:
 
     def post(self, url, body):
         return self._open(url, body)
+
+    def post_empty(self, url):
+        """A POST without a body (the heal request)."""
+        return self._open(url, {})
 
 
 def probe(client, pair, model, quick=3.0):
@@ -266,24 +381,43 @@ def main(argv=None):
     with open(a.config) as f:
         config = json.load(f)
     state = config.get('state') or ''
-    data = {}
+    saved = {}
     if state and os.path.exists(state):
         try:
             with open(state) as f:
-                data = json.load(f).get('history') or {}
+                saved = json.load(f)
         except (OSError, ValueError):
-            data = {}
+            saved = {}
+    data = saved.get('history') or {}
     history = History(data, keep=max(int(config.get('keep', 10)), 1))
     client = Client(os.environ.get(KEY_ENV, ''), float(config['timeout_s']))
+    started = time.time()
     outcomes = run(config, client, history)
     now = int(time.time())
+    failures = int(config['failures'])
+    heal_cfg = config.get('heal') or {}
+    healer = Healer(heal_cfg, saved.get('heals'), now) if heal_cfg else None
+    fabric = None
+    if healer:
+        action, target, why = healer.decide(config['pairs'], outcomes, history, failures)
+        fabric = int(action == 'fabric')
+        if action != 'none':
+            print('canary pool=%s heal: %s %s: %s' % (config['pool'], action, target or '-', why), flush=True)
+        if action == 'heal':
+            url = heal_url(config['pairs'], target)
+            query = urllib.parse.urlencode({'reason': 'pd-canary: ' + why, 'grace': heal_cfg.get('grace_s', 5)})
+            status, _ = client.post_empty('%s/pd-bundle/heal?%s' % (url, query))
+            healer.record(target)
+            print('canary pool=%s heal: asked %s (%s) to drain and restart: %s' % (config['pool'], target, url, status),
+                  flush=True)
     if state:
-        write_atomic(state, json.dumps({'time': now, 'pool': config['pool'], 'failures': int(config['failures']),
-                                        'history': history.data,
+        write_atomic(state, json.dumps({'time': now, 'started': round(started, 3), 'pool': config['pool'], 'failures': failures,
+                                        'history': history.data, 'heals': healer.state if healer else {},
                                         'last': {History.key(p): o for p, o in outcomes}}, sort_keys=True), 0o644)
     if config.get('textfile'):
         try:
-            write_atomic(config['textfile'], metrics(config['pool'], outcomes, history, now, int(config['failures'])))
+            write_atomic(config['textfile'], metrics(config['pool'], outcomes, history, now, failures,
+                                                     healer.state if healer else None, fabric))
         except OSError as e:  # the collector's directory is gone: the state file still has the results
             print('cannot write %s: %s' % (config['textfile'], e), flush=True)
     return 0

@@ -16,7 +16,15 @@ operator relies on:
     takes the VIP within VIP_DETECT_GOAL_S, keeps it after the resume (no flip-back), and no request sent after
     the VIP moved fails;
   - one of three etcd members stopped: the master keeps a leader and a store put/get works;
-  - the master leader killed: the standby takes over, etcd's view names it, the old leader comes back as standby.
+  - the master leader killed: the standby takes over, etcd's view names it, the old leader comes back as standby;
+  - a gray failure (issue 44): every packet one prefill instance sends to one decode host dropped for PARTITION_S
+    (a net_cls class for the instance's processes, an nft rule on the prefill host; every process stays up and
+    answers /health), then the path restored. On the lab that wedges the pair for good ("Timeout waiting for P side
+    ready") until its prefill restarts. Goals: no request of the load fails (the other pairs serve, and one routed
+    into the cut pair is recomputed by decode within the timeout budget, vllm_kv_load_failure_policy recompute),
+    and within PARTITION_HEAL_GOAL_S of the path's return a canary that started after it passes through the pair
+    with tokens by transfer, with no person: the canary (plugins/tools/pd_canary.py) found the pair broken and had
+    its prefill drain and restart.
 Recovery = seconds from the kill until the service serves again and 3 requests in a row through
 the router succeed. Every goal fails the run when missed (drill_problems, FAILED_BOUND):
   - etcd member and router: recovery <= 30 s (GOAL_S); a killed etcd member serves again when etcd itself says
@@ -78,7 +86,9 @@ FAILED_BOUND = {"etcd member": 0, "master leader": 0, "etcd member stopped": 0,
                 "entry haproxy": 1, "entry": 12, "entry vip": 3,
                 # the frozen holder: the requests that went to it (sent before the VIP moved, open at the freeze),
                 # counted per run from the load's spans (bound_from_spans); none sent after the move may fail
-                "entry frozen": 0}
+                "entry frozen": 0,
+                # the cut pair: its requests are recomputed within the budget, the others never touch it
+                "partition": 0}
 # A router killed behind the entry: HAProxy retries every request on the other router (retry-on, with the whole
 # request buffered), except a streamed one whose answer had begun on the killed router. So the bound is the load's
 # streams open at the kill (streams_open_at), and no non-streamed request and none sent after the kill may fail.
@@ -99,6 +109,17 @@ FREEZE_S = 25
 RESUME_WATCH_S = 15
 
 DOCKER = os.environ.get("DOCKER", "docker")
+
+# The gray-failure drill (issue 44): the cut's length, and how soon after the path's return the pair must pass a
+# canary again (healed with no person).
+PARTITION_S = 40
+PARTITION_HEAL_GOAL_S = 120
+# The net_cls class the cut instance's processes join (cgroup v1, as the lab's containers mount it), and its nft table.
+CUT_CLASSID = "0x00100001"
+CUT_TABLE = "pd_drill_cut"
+CUT_CGROUP = "/sys/fs/cgroup/net_cls,net_prio/pd_drill_cut"
+# The PD canary's state on a router host (the state file the timer's runs write).
+CANARY_STATE = role_var("vllm_router", "_vllm_router_canary_state")
 
 
 def sh(host, *cmd, check=True, timeout=180, input=None):  # noqa: A002 - subprocess.run's name
@@ -473,6 +494,91 @@ def drill_entry_freeze(lab, freeze_s, watch_s, goal_s):
     return r
 
 
+def cut_pair(host, instance, peer_ip, on):
+    """Drop (on) or stop dropping every packet vllm@INSTANCE on HOST sends to PEER_IP: its processes join a net_cls
+    class, whose sockets an nft output rule drops towards the peer. TCP then stalls both ways (no ACK, no reply); the
+    instance's other peers and every other process of the host are untouched. Lab harness, not a bundle feature."""
+    if on:
+        sh(host, "bash", "-c", f"""set -e; mkdir -p {CUT_CGROUP}; echo {CUT_CLASSID} > {CUT_CGROUP}/net_cls.classid
+            p=$(sed -n 's/^[0-9]*:name=systemd://p' /proc/$(systemctl show -p MainPID --value vllm@{instance})/cgroup)
+            for pid in $(cat /sys/fs/cgroup/systemd$p/cgroup.procs); do echo $pid > {CUT_CGROUP}/cgroup.procs; done
+            nft -f - <<NFT
+table inet {CUT_TABLE} {{
+  chain out {{ type filter hook output priority 0; ip daddr {peer_ip} meta cgroup {CUT_CLASSID} counter drop; }}
+}}
+NFT""")
+        return ""
+    res = sh(host, "bash", "-c", f"""nft list table inet {CUT_TABLE} | grep -o 'packets [0-9]*' || true
+        nft delete table inet {CUT_TABLE} 2>/dev/null || true
+        if [ -d {CUT_CGROUP} ]; then for pid in $(cat {CUT_CGROUP}/cgroup.procs); do
+          echo $pid > /sys/fs/cgroup/net_cls,net_prio/cgroup.procs || true; done; rmdir {CUT_CGROUP} || true; fi""",
+             check=False)
+    return res.stdout.strip()
+
+
+def canary_state(router):
+    """The PD canary's state on a router host ({} when there is none yet)."""
+    res = sh(router, "cat", CANARY_STATE, check=False)
+    try:
+        return json.loads(res.stdout) if res.returncode == 0 else {}
+    except ValueError:
+        return {}
+
+
+def canary_passed_since(state, pair, since):
+    """A canary run that started at or after SINCE passed through PAIR with tokens by transfer."""
+    last = (state.get("last") or {}).get(pair) or {}
+    return state.get("started", 0) >= since and last.get("result") == "pass" and last.get("tokens", 0) > 0
+
+
+def canary_heals(state):
+    return sum(t.get("count", 0) for t in ((state.get("heals") or {}).get("targets") or {}).values())
+
+
+def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s):
+    """The gray failure: one prefill instance's packets to one decode host dropped for cut_s, then restored; the
+    pair must pass a canary again within heal_goal_s of the return, healed by the canary on HEALER (the pool's
+    first router). The load's requests in the drill's window are its failed count (bound 0)."""
+    host, inst, _ = prefill.split(":")
+    dhost, dinst, _ = decode.split(":")
+    pair = f"{host}/{inst}|{dhost}/{dinst}"
+    lab.router_settled()
+    before = canary_state(healer)
+    ready = wait_for(lambda: canary_passed_since(canary_state(healer), pair, time.time() - 60), 60, step=2)
+    heals_before = canary_heals(canary_state(healer))
+    cut_epoch = time.time()
+    cut_pair(host, inst, ip_of(dhost), True)
+    try:
+        time.sleep(cut_s)
+    finally:
+        dropped = cut_pair(host, inst, ip_of(dhost), False)
+    back_epoch = time.time()
+    healed = wait_for(lambda: canary_passed_since(canary_state(healer), pair, back_epoch), heal_goal_s, step=2)
+    after = canary_state(healer)
+    journal = sh(healer, "journalctl", "-u", "pd-canary", "--no-pager", "-o", "cat", "--since", f"@{int(cut_epoch)}",
+                 check=False).stdout
+    lab.router_settled()
+    return {"drill": f"partition {inst} -> {dhost} ({cut_s} s)", "kind": "partition", "host": host,
+            "unit": f"vllm@{inst}", "pair": pair, "cut_s": cut_s, "dropped": dropped,
+            "canary_ready": ready is not None, "healed_s": None if healed is None else round(healed, 1),
+            "heal_goal_s": heal_goal_s, "heals": canary_heals(after) - heals_before,
+            "heal_lines": [ln for ln in journal.splitlines() if " heal: " in ln][-6:],
+            "pair_results": ((after.get("history") or {}).get(pair) or [])[-8:],
+            "state_before": (before.get("last") or {}).get(pair),
+            "kill_epoch": cut_epoch, "recovery_epoch": None, "end_epoch": time.time()}
+
+
+def partition_problems(r):
+    out = []
+    if not r["canary_ready"]:
+        out.append(f"{r['drill']}: the canary did not pass through {r['pair']} before the cut (is pd-canary.timer running "
+                   f"on the pool's first router?)")
+    if r["healed_s"] is None:
+        out.append(f"{r['drill']}: no canary passed through {r['pair']} within {r['heal_goal_s']} s of the path's "
+                   f"return (heals: {r['heals']}; {r['heal_lines']}; results {r['pair_results']})")
+    return out
+
+
 def paced_classes(records, freeze_epoch, moved_epoch):
     """The paced load's requests split by where they went: to the frozen host (sent before the VIP moved and
     still open at the freeze) or after the move (every one must succeed)."""
@@ -666,8 +772,17 @@ def main(argv=None):
                          "(50-170 s measured under load)")
     ap.add_argument("--store-limit", type=float, default=150,
                     help="bound for the store put/get with one etcd member stopped (one ansible-playbook run)")
+    ap.add_argument("--partition", default=None,
+                    help="PREFILL_HOST:INSTANCE:PORT whose packets to --partition-decode are cut (default: the last "
+                         "prefill instance, whose pairs the other drills leave alone)")
+    ap.add_argument("--partition-decode", default=":".join(map(str, first["vllm_decode"])))
+    ap.add_argument("--partition-only", action="store_true", help="run the gray-failure drill alone")
     ap.add_argument("--out", default="drills.json")
     args = ap.parse_args(argv)
+    prefills = list(inv.instances(["vllm_prefill"]))
+    args.partition = args.partition or ":".join(map(str, prefills[-1]))
+    # The pool's first router decides and heals (roles/vllm_router: the canary's heal config).
+    healer = args.routers[0]
     # The client's key and CA (the entry's, from the lab's vault and CA directory): in the environment only,
     # which the load loop inherits; never on a command line.
     os.environ.setdefault("PD_CLIENT_KEY", inv.client_key())
@@ -688,102 +803,108 @@ def main(argv=None):
                               env=os.environ)
     results, problems = [], []
     try:
-        # 1. kill -9 each kind of service.
-        etcd_victim = args.etcd[-1]
-        results.append(drill_kill(lab, "etcd member", etcd_victim, "etcd",
-                                  lambda: lab.etcd_member_healthy(etcd_victim), args.limit, args.limit))
-        for spec, kind in ((args.prefill, "prefill"), (args.decode, "decode")):
-            host, inst, port = spec.split(":")
-            results.append(drill_kill(lab, kind, host, f"vllm@{inst}",
-                                      lambda h=host, p=port: lab.vllm_serving(h, p), args.vllm_limit,
-                                      args.vllm_limit))
-        # Each router in turn: behind the entry, HAProxy sends a refused request to the other one (bound 0).
-        for router in args.routers:
-            results.append(drill_kill(lab, "router behind entry" if args.entry else "router", router, "vllm-router",
-                                      lambda r=router: lab.router_live(r), args.limit, args.limit))
-        # 1b. The entry (2+ entry hosts): kill -9 of the active HAProxy (systemd restarts it), HAProxy stopped
-        #     where the VIP is (keepalived's check moves the VIP), keepalived stopped there (as if the host stopped).
-        if len(args.entry) > 1:
-            holder = lab.vip_holder()
-            if holder is None:
-                problems.append(f"no entry host holds the VIP {args.entry_vip} before the entry drills")
-            else:
-                results.append(drill_kill(lab, "entry haproxy", holder, "haproxy",
-                                          lambda h=holder: unit_state(h, "haproxy")["ActiveState"] == "active",
-                                          args.limit, args.limit))
-                # Frozen first: the holder has held the VIP for long (since the converge or an earlier step), as
-                # a production holder has; the takeover bonus (roles/entry) decides who keeps it at the resume.
-                results.append(drill_entry_freeze(lab, FREEZE_S, RESUME_WATCH_S, VIP_DETECT_GOAL_S))
-                results.append(drill_entry_stop(lab, "haproxy", "entry", VIP_DETECT_GOAL_S))
-                results.append(drill_entry_stop(lab, "keepalived", "entry vip", VIP_MOVE_GOAL_S))
+        if not args.partition_only:
+            # 1. kill -9 each kind of service.
+            etcd_victim = args.etcd[-1]
+            results.append(drill_kill(lab, "etcd member", etcd_victim, "etcd",
+                                      lambda: lab.etcd_member_healthy(etcd_victim), args.limit, args.limit))
+            for spec, kind in ((args.prefill, "prefill"), (args.decode, "decode")):
+                host, inst, port = spec.split(":")
+                results.append(drill_kill(lab, kind, host, f"vllm@{inst}",
+                                          lambda h=host, p=port: lab.vllm_serving(h, p), args.vllm_limit,
+                                          args.vllm_limit))
+            # Each router in turn: behind the entry, HAProxy sends a refused request to the other one (bound 0).
+            for router in args.routers:
+                results.append(drill_kill(lab, "router behind entry" if args.entry else "router", router, "vllm-router",
+                                          lambda r=router: lab.router_live(r), args.limit, args.limit))
+            # 1b. The entry (2+ entry hosts): kill -9 of the active HAProxy (systemd restarts it), HAProxy stopped
+            #     where the VIP is (keepalived's check moves the VIP), keepalived stopped there (as if the host stopped).
+            if len(args.entry) > 1:
+                holder = lab.vip_holder()
+                if holder is None:
+                    problems.append(f"no entry host holds the VIP {args.entry_vip} before the entry drills")
+                else:
+                    results.append(drill_kill(lab, "entry haproxy", holder, "haproxy",
+                                              lambda h=holder: unit_state(h, "haproxy")["ActiveState"] == "active",
+                                              args.limit, args.limit))
+                    # Frozen first: the holder has held the VIP for long (since the converge or an earlier step), as
+                    # a production holder has; the takeover bonus (roles/entry) decides who keeps it at the resume.
+                    results.append(drill_entry_freeze(lab, FREEZE_S, RESUME_WATCH_S, VIP_DETECT_GOAL_S))
+                    results.append(drill_entry_stop(lab, "haproxy", "entry", VIP_DETECT_GOAL_S))
+                    results.append(drill_entry_stop(lab, "keepalived", "entry vip", VIP_MOVE_GOAL_S))
 
-        # 2. The master leader killed: the standby leads, etcd names it, the old leader comes back as standby (HA
-        #    restored). The masters' roles are sampled every 0.5 s throughout; a failure message carries that
-        #    timeline.
-        lab.router_settled()
-        roles = lab.master_roles()
-        leader = next((h for h, r in roles.items() if r == "leader"), None)
-        if leader is None:
-            problems.append(f"no master leader before the failover drill: {roles}")
-        else:
-            before = lab.kill(leader, "mooncake-master")
-            t0, kill_epoch = time.monotonic(), time.time()
-            watch = RoleWatch(lab.master_roles, t0)
-            watch.start()
-            try:
-                new_leader = wait_for(lambda: any(r == "leader" for h, r in watch.now().items()
-                                                  if h != leader), args.limit)
-                # etcd agrees: the masters' key names the new leader's RPC address (what vLLM's store
-                # clients and a restarted master read to find the leader).
-                now_leader = next((h for h, r in watch.now().items() if r == "leader"), None)
-                want = f"{ip_of(now_leader)}:{args.master_rpc_port}" if now_leader else None
-                etcd_named = wait_for(lambda: want is not None and lab.etcd_master_view() == want, args.limit) \
-                    if new_leader is not None else None
-                etcd_named = None if etcd_named is None else time.monotonic() - t0
-                back = wait_for(lambda: lab.restarted(leader, "mooncake-master", before)
-                                and watch.now().get(leader) == "standby", args.limit) \
-                    if new_leader is not None else None
-                back = None if back is None else time.monotonic() - t0
-                # No store round trip here: the lab's store-tier step (scripts/lab/store_tier.py --master-kill) kills
-                # the leader between a prefill's put and another prefill's lookup and proves the store serves the
-                # stored blocks after the failover, with vLLM's own store clients.
-            finally:
-                watch.stop()
-            results.append({"drill": "kill -9 master leader", "kind": "master leader", "host": leader,
-                            "unit": "mooncake-master",
-                            "standby_leads_s": None if new_leader is None else round(new_leader, 1),
-                            "old_leader_back_as_standby_s": None if back is None else round(back, 1),
-                            "etcd_names_new_leader_s": None if etcd_named is None else round(etcd_named, 1),
-                            "etcd_view_after": lab.etcd_master_view(), "new_leader_expected": want,
-                            "recovery_s": None if new_leader is None else round(new_leader, 1),
-                            "recovery_epoch": None if new_leader is None else kill_epoch + new_leader,
-                            "end_epoch": time.time(), "roles_timeline": watch.timeline(),
-                            "roles_after": lab.master_roles(), "limit_s": args.limit})
-
-        # 3. One of three etcd members stopped: the masters keep (or re-elect) a leader, the store
-        #    works again and requests are unaffected. The first member also hosts a master; when that
-        #    master leads, losing its local etcd can cost it the lease (a failover, and the store's
-        #    in-memory objects with it), so the store round trip is retried within --store-limit.
-        victim = args.etcd[0]
-        lab.router_settled()
-        roles_before = lab.master_roles()
-        sh(victim, "systemctl", "stop", "etcd")
-        t0 = time.monotonic()
-        try:
-            leader = wait_for(lambda: "leader" in lab.master_roles().values(), args.limit)
-            store = wait_for(lab.store_round_trip, args.store_limit, step=1) if leader is not None else None
-            store = None if store is None else time.monotonic() - t0
+            # 2. The master leader killed: the standby leads, etcd names it, the old leader comes back as standby (HA
+            #    restored). The masters' roles are sampled every 0.5 s throughout; a failure message carries that
+            #    timeline.
+            lab.router_settled()
             roles = lab.master_roles()
-            router_ok = lab.router_ok_n()
-        finally:
-            sh(victim, "systemctl", "start", "etcd")
-        results.append({"drill": "etcd member stopped (1 of 3)", "kind": "etcd member stopped", "host": victim,
-                        "unit": "etcd", "master_roles_before": roles_before, "master_roles": roles,
-                        "leader_s": None if leader is None else round(leader, 1),
-                        "store_ok_s": None if store is None else round(store, 1), "router_ok": router_ok,
-                        "store_error": None if store is not None else lab.store_error,
-                        "ok": leader is not None and store is not None and router_ok,
-                        "end_epoch": time.time(), "recovery_epoch": None})
+            leader = next((h for h, r in roles.items() if r == "leader"), None)
+            if leader is None:
+                problems.append(f"no master leader before the failover drill: {roles}")
+            else:
+                before = lab.kill(leader, "mooncake-master")
+                t0, kill_epoch = time.monotonic(), time.time()
+                watch = RoleWatch(lab.master_roles, t0)
+                watch.start()
+                try:
+                    new_leader = wait_for(lambda: any(r == "leader" for h, r in watch.now().items()
+                                                      if h != leader), args.limit)
+                    # etcd agrees: the masters' key names the new leader's RPC address (what vLLM's store
+                    # clients and a restarted master read to find the leader).
+                    now_leader = next((h for h, r in watch.now().items() if r == "leader"), None)
+                    want = f"{ip_of(now_leader)}:{args.master_rpc_port}" if now_leader else None
+                    etcd_named = wait_for(lambda: want is not None and lab.etcd_master_view() == want, args.limit) \
+                        if new_leader is not None else None
+                    etcd_named = None if etcd_named is None else time.monotonic() - t0
+                    back = wait_for(lambda: lab.restarted(leader, "mooncake-master", before)
+                                    and watch.now().get(leader) == "standby", args.limit) \
+                        if new_leader is not None else None
+                    back = None if back is None else time.monotonic() - t0
+                    # No store round trip here: the lab's store-tier step (scripts/lab/store_tier.py --master-kill) kills
+                    # the leader between a prefill's put and another prefill's lookup and proves the store serves the
+                    # stored blocks after the failover, with vLLM's own store clients.
+                finally:
+                    watch.stop()
+                results.append({"drill": "kill -9 master leader", "kind": "master leader", "host": leader,
+                                "unit": "mooncake-master",
+                                "standby_leads_s": None if new_leader is None else round(new_leader, 1),
+                                "old_leader_back_as_standby_s": None if back is None else round(back, 1),
+                                "etcd_names_new_leader_s": None if etcd_named is None else round(etcd_named, 1),
+                                "etcd_view_after": lab.etcd_master_view(), "new_leader_expected": want,
+                                "recovery_s": None if new_leader is None else round(new_leader, 1),
+                                "recovery_epoch": None if new_leader is None else kill_epoch + new_leader,
+                                "end_epoch": time.time(), "roles_timeline": watch.timeline(),
+                                "roles_after": lab.master_roles(), "limit_s": args.limit})
+
+            # 3. One of three etcd members stopped: the masters keep (or re-elect) a leader, the store
+            #    works again and requests are unaffected. The first member also hosts a master; when that
+            #    master leads, losing its local etcd can cost it the lease (a failover, and the store's
+            #    in-memory objects with it), so the store round trip is retried within --store-limit.
+            victim = args.etcd[0]
+            lab.router_settled()
+            roles_before = lab.master_roles()
+            sh(victim, "systemctl", "stop", "etcd")
+            t0 = time.monotonic()
+            try:
+                leader = wait_for(lambda: "leader" in lab.master_roles().values(), args.limit)
+                store = wait_for(lab.store_round_trip, args.store_limit, step=1) if leader is not None else None
+                store = None if store is None else time.monotonic() - t0
+                roles = lab.master_roles()
+                router_ok = lab.router_ok_n()
+            finally:
+                sh(victim, "systemctl", "start", "etcd")
+            results.append({"drill": "etcd member stopped (1 of 3)", "kind": "etcd member stopped", "host": victim,
+                            "unit": "etcd", "master_roles_before": roles_before, "master_roles": roles,
+                            "leader_s": None if leader is None else round(leader, 1),
+                            "store_ok_s": None if store is None else round(store, 1), "router_ok": router_ok,
+                            "store_error": None if store is not None else lab.store_error,
+                            "ok": leader is not None and store is not None and router_ok,
+                            "end_epoch": time.time(), "recovery_epoch": None})
+        # 4. The gray failure (issue 44): a prefill's path to one decode drops every packet for PARTITION_S, while
+        #    every process stays up; the canary must find the pair broken and heal it with no person. Last: its
+        #    heal restarts a prefill instance, which the drills above must not see.
+        results.append(drill_partition(lab, args.partition, args.partition_decode, healer, PARTITION_S,
+                                       PARTITION_HEAL_GOAL_S))
     finally:
         stop.touch()
         loader.wait(timeout=120)
@@ -805,6 +926,8 @@ def main(argv=None):
             problems.extend(entry_problems(r))
         elif r["kind"] == "entry frozen":
             problems.extend(freeze_problems(r))
+        elif r["kind"] == "partition":
+            problems.extend(partition_problems(r))
         elif not r.get("ok"):
             problems.append(f"{r['drill']}: {r}")
         problems.extend(failure_problems(r))

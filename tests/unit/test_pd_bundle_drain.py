@@ -46,3 +46,77 @@ def test_env_variable_names_the_file(tmp_path, monkeypatch):
     assert _call(drain.DrainMiddleware(_app), "/health")[0] == 503
     monkeypatch.setenv("PD_BUNDLE_DRAIN_FILE", "")
     assert _call(drain.DrainMiddleware(_app), "/health")[0] == 200
+
+
+def _post(mw, path, headers=(), query=b"", method="POST"):
+    sent = []
+
+    async def send(msg):
+        sent.append(msg)
+
+    async def receive():
+        return {"type": "http.request"}
+
+    asyncio.run(mw({"type": "http", "path": path, "method": method, "headers": list(headers), "query_string": query},
+                   receive, send))
+    return sent[0].get("status"), sent[1].get("body")
+
+
+
+
+
+def test_heal_needs_the_key_and_post(tmp_path):
+    killed = []
+    mw = drain.DrainMiddleware(_app, drain_file=str(tmp_path / "drain"), key="kkk", kill=lambda: killed.append(1))
+    assert _post(mw, drain.HEAL_PATH)[0] == 403
+    assert _post(mw, drain.HEAL_PATH, [(b"authorization", b"Bearer wrong")])[0] == 403
+    assert _post(mw, drain.HEAL_PATH, [(b"authorization", b"Bearer kkk")], method="GET")[0] == 405
+    nokey = drain.DrainMiddleware(_app, drain_file=str(tmp_path / "drain"), key="", kill=lambda: killed.append(1))
+    assert _post(nokey, drain.HEAL_PATH, [(b"authorization", b"Bearer ")])[0] == 403
+    assert not killed and not (tmp_path / "drain").exists()
+
+
+def test_heal_drains_waits_for_requests_then_ends_the_process(tmp_path):
+    killed, slept = [], []
+    flag = tmp_path / "drain"
+    now = [0.0]
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+
+    mw = drain.DrainMiddleware(_app, drain_file=str(flag), key="kkk", kill=lambda: killed.append(now[0]),
+                               clock=lambda: now[0], sleep=sleep)
+    mw.in_flight = 2  # two requests being served: the heal waits for them, up to the drain timeout
+    mw.heal("pair broken", grace=4, timeout=10)
+    assert flag.exists() and _call(mw, "/health")[0] == 503
+    assert slept[0] == 4 and killed == [pytest_approx(14.0)]
+
+
+def pytest_approx(x):
+    import pytest
+    return pytest.approx(x)
+
+
+def test_heal_endpoint_starts_one_heal_only(tmp_path):
+    killed = []
+    mw = drain.DrainMiddleware(_app, drain_file=str(tmp_path / "drain"), key="kkk", kill=lambda: killed.append(1),
+                               sleep=lambda s: None)
+    assert _post(mw, drain.HEAL_PATH, [(b"authorization", b"Bearer kkk")], b"reason=x&grace=0") == (202, b"healing\n")
+    mw.healing.join(5)
+    assert killed == [1]
+    assert _post(mw, drain.HEAL_PATH, [(b"authorization", b"Bearer kkk")]) == (202, b"already healing\n")
+    assert killed == [1]
+
+
+def test_requests_in_flight_are_counted_for_the_api_only(tmp_path):
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(mw.in_flight)
+        await _app(scope, receive, send)
+
+    mw = drain.DrainMiddleware(app, drain_file=str(tmp_path / "drain"), key="k")
+    _call(mw, "/v1/completions")
+    _call(mw, "/metrics")
+    assert seen == [1, 0] and mw.in_flight == 0

@@ -165,3 +165,87 @@ def test_pairs_cover_every_prefill_and_decode_of_the_pool():
                         'decode_url': 'http://10.0.0.4:8200'}
     assert pairs[2]['bootstrap_url'] == 'http://10.0.0.1:8999'
     assert pairs_filter.bootstrap_url({'url': 'http://[fd00::1]:8100', 'bootstrap_port': 8998}) == 'http://[fd00::1]:8998'
+
+
+# --- healing -----------------------------------------------------------------------------------------------------
+
+def _pairs(prefills, decodes):
+    return [{'prefill': p, 'decode': d, 'prefill_url': 'http://%s' % p, 'decode_url': 'http://%s' % d,
+             'bootstrap_url': 'http://%s:8998' % p} for p in prefills for d in decodes]
+
+
+def _history(pairs, results):
+    """results: {(prefill, decode): [result, ...]}; other pairs passed twice."""
+    h = canary.History()
+    for p in pairs:
+        for r in results.get((p['prefill'], p['decode']), ['pass', 'pass']):
+            h.add(p, r)
+    return h
+
+
+PAIRS = _pairs(['P0', 'P1'], ['D1', 'D2'])
+BROKEN = ['fail'] * 3
+
+
+def test_a_healthy_pool_needs_nothing():
+    assert canary.plan_heal(PAIRS, _history(PAIRS, {}), 3)[0] == 'none'
+    # two failures are not yet broken
+    assert canary.plan_heal(PAIRS, _history(PAIRS, {('P0', 'D1'): ['fail', 'fail']}), 3)[0] == 'none'
+
+
+def test_every_pair_broken_is_the_fabric_and_restarts_nothing():
+    action, target, why = canary.plan_heal(PAIRS, _history(PAIRS, {k: BROKEN for k in [
+        ('P0', 'D1'), ('P0', 'D2'), ('P1', 'D1'), ('P1', 'D2')]}), 3)
+    assert (action, target) == ('fabric', None) and 'all 4 pairs' in why
+
+
+def test_an_instance_failing_with_every_peer_while_they_pass_elsewhere_is_wedged():
+    action, target, why = canary.plan_heal(PAIRS, _history(PAIRS, {('P0', 'D1'): BROKEN, ('P0', 'D2'): BROKEN}), 3)
+    assert (action, target) == ('heal', 'P0') and 'wedged' in why
+    action, target, _ = canary.plan_heal(PAIRS, _history(PAIRS, {('P0', 'D2'): BROKEN, ('P1', 'D2'): BROKEN}), 3)
+    assert (action, target) == ('heal', 'D2')
+
+
+def test_one_wedged_pair_heals_its_prefill():
+    action, target, why = canary.plan_heal(PAIRS, _history(PAIRS, {('P0', 'D1'): BROKEN}), 3)
+    assert (action, target) == ('heal', 'P0') and 'pair P0 -> D1' in why
+
+
+def test_an_instance_whose_peers_cannot_be_judged_is_not_healed():
+    one_decode = _pairs(['P0', 'P1'], ['D1'])
+    # the only decode fails with both prefills: it cannot be told from a fabric fault... which it is (all broken)
+    assert canary.plan_heal(one_decode, _history(one_decode, {('P0', 'D1'): BROKEN, ('P1', 'D1'): BROKEN}), 3)[0] == 'fabric'
+    # one prefill, one decode: nothing to compare with
+    single = _pairs(['P0'], ['D1'])
+    assert canary.plan_heal(single, _history(single, {('P0', 'D1'): BROKEN}), 3)[0] == 'none'
+
+
+def _outcomes(pairs, result='fail'):
+    return [(p, {'result': result}) for p in pairs]
+
+
+def test_healer_gates_switch_health_rate_and_attempts():
+    h = _history(PAIRS, {('P0', 'D1'): BROKEN})
+    assert canary.Healer({'enabled': False}, {}, 1000).decide(PAIRS, _outcomes(PAIRS), h, 3)[0] == 'off'
+    healer = canary.Healer({'enabled': True, 'interval_s': 300, 'max_attempts': 2}, {}, 1000)
+    skipping = _outcomes(PAIRS[:3]) + [(PAIRS[3], {'result': 'skip'})]
+    assert healer.decide(PAIRS, skipping, h, 3)[0] == 'wait'  # one at a time: an instance is restarting
+    assert healer.decide(PAIRS, _outcomes(PAIRS), h, 3)[:2] == ('heal', 'P0')
+    healer.record('P0')
+    assert healer.decide(PAIRS, _outcomes(PAIRS), h, 3)[0] == 'wait'  # the pool healed just now
+    later = canary.Healer(healer.cfg, healer.state, 1000 + 301)
+    assert later.decide(PAIRS, _outcomes(PAIRS), h, 3)[0] == 'heal'
+    later.record('P0')
+    much_later = canary.Healer(healer.cfg, later.state, 1000 + 700)
+    action, _, why = much_later.decide(PAIRS, _outcomes(PAIRS), h, 3)
+    assert action == 'gave_up' and 'healed 2 times' in why
+    # its pairs pass again: the attempts start over
+    much_later.decide(PAIRS, [(p, {'result': 'pass'}) for p in PAIRS], h, 3)
+    assert much_later.state['targets']['P0']['attempts'] == 0 and much_later.state['targets']['P0']['count'] == 2
+
+
+def test_heals_and_the_fabric_are_metrics():
+    text = canary.metrics('default', [], canary.History(), 1, 3, {'targets': {'P0': {'count': 2, 'attempts': 1}}}, 1)
+    assert 'pd_canary_heals_total{pool="default",instance="P0"} 2' in text
+    assert 'pd_canary_fabric_broken{pool="default"} 1' in text
+    assert canary.heal_url(PAIRS, 'D2') == 'http://D2' and canary.heal_url(PAIRS, 'X') is None

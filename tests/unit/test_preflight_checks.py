@@ -147,6 +147,9 @@ DEFAULTS = dict(ROLES["defaults"], common_pip_lock_dir=LOCKS)
 
 # check id -> (host, inventory, groups, substrings the message must contain besides the host and "Fix:")
 FAILING = {
+    "canary_heal_pool": ("ctl-1", with_vars("gpu-p1", vllm_instances=INVENTORY["gpu-p1"]["vllm_instances"][:1]), None,
+                         ["vllm_router_canary_heal is on for router router-1 (pool default)",
+                          "one prefill instance (gpu-p1/prefill0) and one decode instance (gpu-d1/decode0)"]),
     "timeout_budget_order": ("ctl-1", with_vars("router-1", vllm_router_canary_timeout=30), None,
                              ["vllm_router_canary_timeout=30 on router-1 is not below vllm_router_canary_interval=30"]),
     "groups_required": ("ctl-1", None, groups_with(vllm_router=None), ["no host in group vllm_router"]),

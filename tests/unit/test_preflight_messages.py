@@ -148,7 +148,7 @@ REGISTRATION_ORDER = [
     # monitoring
     'monitoring_settings', 'monitoring_grafana',
     # budget
-    'timeout_budget_order',
+    'timeout_budget_order', 'canary_heal_pool',
 ]
 
 

@@ -686,3 +686,34 @@ def test_the_implicit_pool_renders_the_table_as_without_pools():
                       "decode": [["d1", "decode0"], ["d2", "decode0"]], "routers": ["r1"]}]
     assert status.bundle_status_table(data) == before
     assert status.bundle_status_red(data) == []
+
+
+def canary_state(pool="default", **history):
+    """A router's PD canary state: history per 'prefill|decode' key (plugins/tools/pd_canary.py)."""
+    return {"pool": pool, "failures": 3, "history": {k.replace("__", "|").replace("_", "/"): v for k, v in history.items()}}
+
+
+def test_the_canary_shows_in_each_cell_and_a_broken_pair_is_red_only_on_every_router():
+    data = green_lab()
+    ok = ["pass", "pass"]
+    data["canary"] = [canary_state(p1_prefill0__d1_decode0=ok, p1_prefill0__d2_decode0=["pass", "fail", "fail", "fail"]),
+                      canary_state(p1_prefill0__d1_decode0=ok, p1_prefill0__d2_decode0=["fail"] * 3)]
+    red = status.bundle_status_red(data)
+    assert red == ["canary p1/prefill0 -> d2/decode0: failed 3 times in a row on every router host (PDPairBroken)"]
+    table = status.bundle_status_table(data)
+    assert "1.00 GB/s / link n/a | canary 1/1 ok" in table
+    assert "canary broken (p1/prefill0 -> d2/decode0)" in table
+    # one router host still passes through the pair: a router cut off from it, not a broken pair
+    data["canary"][1]["history"]["p1/prefill0|d2/decode0"] = ["fail", "pass"]
+    assert status.bundle_status_red(data) == []
+    assert "canary broken" not in status.bundle_status_table(data)
+
+
+def test_the_canary_shows_when_the_transfer_check_is_off_and_without_it_nothing_changes():
+    data = green_lab()
+    data["transfer_check"] = False
+    data["transfers"] = []
+    data["canary"] = [canary_state(p1_prefill0__d1_decode0=["pass"], p1_prefill0__d2_decode0=["pass"])]
+    table = status.bundle_status_table(data)
+    assert "not measured" in table and "canary 1/1 ok" in table and "GB/s" not in table
+    assert "canary" not in status.bundle_status_table(green_lab())

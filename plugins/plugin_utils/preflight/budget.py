@@ -7,7 +7,7 @@ Unit-tested in tests/unit/test_timeout_budget.py and tests/unit/test_preflight_c
 from ansible_collections.pd_bundle.serving.plugins.filter import pools as _pools
 from ansible_collections.pd_bundle.serving.plugins.filter import timeout_budget as _budget
 
-from .core import _cfgs, _vllm_hosts, _vllm_pools, check, refuse
+from .core import _cfgs, _truthy, _vllm_hosts, _vllm_pools, check, refuse
 
 
 @check('budget', scope='fleet')
@@ -29,3 +29,32 @@ def timeout_budget_order(hostvars, host, groups, specs):
     # Named on the host the variable is set on, and on the host it is checked on, as every fleet check's message.
     return [refuse(var, where, '%s (checked on %s)' % (problem, host), fix, whole=True)
             for var, where, problem, fix in _budget.budget_problems(entries, routers, vllms)]
+
+
+@check('canary', scope='fleet')
+def canary_heal_pool(hostvars, host, groups, specs):
+    """Healing on a pool with one prefill and one decode instance: the canary cannot tell a wedged instance from a
+    broken path (no peer to compare with), so it would never heal; refused rather than left on for nothing. The
+    switch is read on the pool's first router, the one that heals (roles/vllm_router/vars/main.yml)."""
+    written, names = _vllm_pools(hostvars, groups)
+    try:
+        pools = _pools.normalize_pools(written if isinstance(written, list) else None, groups, names)
+    except Exception:  # noqa: BLE001 - a malformed vllm_pools is pools_valid's to refuse
+        return []
+    cfgs = dict(_cfgs(hostvars, groups.get('vllm_router') or []))
+    out = []
+    for pool in pools:
+        first = next((h for h in pool.get('routers') or [] if h in cfgs), None)
+        if first is None or not _truthy(cfgs[first].get('vllm_router_canary_heal'), True):
+            continue
+        if len(pool['prefill']) == 1 and len(pool['decode']) == 1:
+            (ph, pi), (dh, di) = pool['prefill'][0], pool['decode'][0]
+            out.append(refuse('vllm_router_canary_heal', first,
+                              'vllm_router_canary_heal is on for router %s (pool %s), but the pool has one prefill '
+                              'instance (%s/%s) and one decode instance (%s/%s): with no peer to compare with, a wedged '
+                              'instance cannot be told from a broken path, and nothing would ever be healed (checked on %s)'
+                              % (first, pool['name'], ph, pi, dh, di, host),
+                              'set vllm_router_canary_heal: false on the routers of pool %s (the canary and '
+                              'PDPairBroken still run), or give the pool a second prefill or decode instance.'
+                              % pool['name'], whole=True))
+    return out
