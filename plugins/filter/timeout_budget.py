@@ -105,6 +105,18 @@ def budget_problems(entries, routers, vllms):
                             % (canary, host, interval),
                             'lower vllm_router_canary_timeout below %d, or raise vllm_router_canary_interval above %d.'
                             % (interval, canary)))
+            heal = _int(cfg.get('vllm_router_canary_heal_interval'))
+            heal_on = str(cfg.get('vllm_router_canary_heal', True)).strip().lower() not in ('false', 'no', 'off', '0')
+            if mine and heal_on and heal is not None and heal <= mine[2]:
+                vhost, abort, wait = mine
+                out.append(('vllm_router_canary_heal_interval', host,
+                            'vllm_router_canary_heal_interval=%d on %s is not above the %d s decode may wait for KV '
+                            '(vllm_mooncake_abort_request_timeout=%d on %s, plus vLLM\'s %d s receive margin): after a '
+                            'heal, decodes still wait that long on the requests of the healed instance\'s previous '
+                            'process (measured on the lab), so its pairs would fail again and it would be healed twice'
+                            % (heal, host, wait, abort, vhost, VLLM_RECV_MARGIN_S),
+                            'raise vllm_router_canary_heal_interval above %d, or lower vllm_mooncake_abort_request_timeout '
+                            'below %d on %s.' % (wait, heal - VLLM_RECV_MARGIN_S, vhost)))
             if mine and canary >= mine[2]:
                 vhost, abort, wait = mine
                 out.append(('vllm_router_canary_timeout', host,
@@ -136,6 +148,9 @@ def timeout_budget(entry, router, vllm):
         {'layer': 'canary', 'variable': 'vllm_router_canary_timeout',
          'seconds': _int(router.get('vllm_router_canary_timeout')),
          'bounds': 'one canary request; below the canary interval and the KV wait'},
+        {'layer': 'heal interval', 'variable': 'vllm_router_canary_heal_interval',
+         'seconds': _int(router.get('vllm_router_canary_heal_interval')),
+         'bounds': 'at most one heal per pool per interval, counted from the healed instance\'s return; above the KV wait'},
         {'layer': 'drain (instance)', 'variable': 'vllm_drain_timeout', 'seconds': _int(vllm.get('vllm_drain_timeout')),
          'bounds': 'a rolling restart waits this long for an instance\'s requests, then restarts it'},
         {'layer': 'drain (router)', 'variable': 'vllm_router_drain_timeout',

@@ -193,7 +193,12 @@ class Healer:
             return action, target, why
         if not self.cfg.get('enabled'):
             return 'off', target, why + '; healing is off (vllm_router_canary_heal)'
-        if any(o['result'] == 'skip' for _, o in outcomes):
+        down = {n for _, o in outcomes for n in o.get('unhealthy') or []}
+        if self.state.get('healed') in down:
+            # The instance healed last is still restarting: the interval counts from its return, so a decode's requests
+            # of its previous process (they wait out vLLM's KV timeout) are not read as a new wedge.
+            self.state['last'] = self.now
+        if down:
             return 'wait', target, why + '; an instance of the pool is not healthy (restarting or draining): one at a time'
         last = self.state.get('last', 0)
         if self.now - last < float(self.cfg.get('interval_s', 300)):
@@ -209,6 +214,7 @@ class Healer:
         t['count'] += 1
         t['attempts'] += 1
         self.state['last'] = self.now
+        self.state['healed'] = target
 
 
 def heal_url(pairs, target):
@@ -311,7 +317,7 @@ def probe(client, pair, model, quick=3.0):
     for end in ('prefill', 'decode'):
         status, _ = client.get(pair[end + '_url'] + '/health', timeout=quick)
         health[end] = status == 200
-    out = {'seconds': 0.0, 'tokens': 0}
+    out = {'seconds': 0.0, 'tokens': 0, 'unhealthy': [pair[end] for end, ok in sorted(health.items()) if not ok]}
     if not all(health.values()):
         out['result'], out['reason'] = verdict(health, {}, 0, 0)
         return out

@@ -228,7 +228,7 @@ def test_healer_gates_switch_health_rate_and_attempts():
     h = _history(PAIRS, {('P0', 'D1'): BROKEN})
     assert canary.Healer({'enabled': False}, {}, 1000).decide(PAIRS, _outcomes(PAIRS), h, 3)[0] == 'off'
     healer = canary.Healer({'enabled': True, 'interval_s': 300, 'max_attempts': 2}, {}, 1000)
-    skipping = _outcomes(PAIRS[:3]) + [(PAIRS[3], {'result': 'skip'})]
+    skipping = _outcomes(PAIRS[:3]) + [(PAIRS[3], {'result': 'skip', 'unhealthy': ['P1']})]
     assert healer.decide(PAIRS, skipping, h, 3)[0] == 'wait'  # one at a time: an instance is restarting
     assert healer.decide(PAIRS, _outcomes(PAIRS), h, 3)[:2] == ('heal', 'P0')
     healer.record('P0')
@@ -249,3 +249,17 @@ def test_heals_and_the_fabric_are_metrics():
     assert 'pd_canary_heals_total{pool="default",instance="P0"} 2' in text
     assert 'pd_canary_fabric_broken{pool="default"} 1' in text
     assert canary.heal_url(PAIRS, 'D2') == 'http://D2' and canary.heal_url(PAIRS, 'X') is None
+
+
+def test_the_heal_interval_counts_from_the_healed_instances_return():
+    """Decodes' requests of the healed prefill's old process wait out vLLM's KV timeout: failures right after its
+    return must not heal it again before the interval has passed since it came back."""
+    h = _history(PAIRS, {('P0', 'D1'): BROKEN})
+    healer = canary.Healer({'enabled': True, 'interval_s': 100, 'max_attempts': 5}, {}, 1000)
+    assert healer.decide(PAIRS, _outcomes(PAIRS), h, 3)[0] == 'heal'
+    healer.record('P0')
+    restarting = [(p, {'result': 'skip', 'unhealthy': ['P0']}) for p in PAIRS]
+    back = canary.Healer(healer.cfg, healer.state, 1090)
+    assert back.decide(PAIRS, restarting, h, 3)[0] == 'wait'  # still restarting at 1090: the interval restarts
+    assert canary.Healer(healer.cfg, back.state, 1150).decide(PAIRS, _outcomes(PAIRS), h, 3)[0] == 'wait'
+    assert canary.Healer(healer.cfg, back.state, 1191).decide(PAIRS, _outcomes(PAIRS), h, 3)[0] == 'heal'

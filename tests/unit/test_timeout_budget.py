@@ -41,7 +41,12 @@ def test_kv_wait_is_the_abort_timeout_plus_vllms_receive_margin():
 
 def test_defaults_and_the_lab_pass():
     assert budget({}) == []
-    assert budget({h: {'vllm_mooncake_abort_request_timeout': 60} for h in ('gpu-p1', 'gpu-d1')}) == []
+    lab = {h: {'vllm_mooncake_abort_request_timeout': 30} for h in ('gpu-p1', 'gpu-d1')}
+    lab['router-1'] = {'vllm_router_canary_interval': 10, 'vllm_router_canary_timeout': 8,
+                       'vllm_router_canary_heal_interval': 100}
+    assert budget(lab) == []
+    # healing off: the interval is not read
+    assert budget({'router-1': {'vllm_router_canary_heal': False, 'vllm_router_canary_heal_interval': 10}}) == []
 
 
 REFUSED = {
@@ -62,6 +67,9 @@ REFUSED = {
     'canary_interval_zero': ({'router-1': {'vllm_router_canary_interval': 0}},
                              ['vllm_router_canary_interval=0 on router-1', 'at least 1 s']),
     'canary_timeout_zero': ({'router-1': {'vllm_router_canary_timeout': 0}}, ['vllm_router_canary_timeout=0 on router-1']),
+    'heal_interval_within_kv_wait': ({'router-1': {'vllm_router_canary_heal_interval': 300}},
+                                     ['vllm_router_canary_heal_interval=300 on router-1 is not above the 540 s',
+                                      'raise vllm_router_canary_heal_interval above 540']),
     'canary_beyond_kv_wait': ({'router-1': {'vllm_router_canary_timeout': 100, 'vllm_router_canary_interval': 200},
                                'gpu-p1': {'vllm_mooncake_abort_request_timeout': 30},
                                'gpu-d1': {'vllm_mooncake_abort_request_timeout': 30}},
@@ -82,7 +90,7 @@ def test_a_router_is_held_to_its_own_pools_hosts():
     groups = dict(BUDGET_GROUPS, vllm_prefill=['gpu-p1'], vllm_decode=['gpu-d1'], vllm_router=['router-1'])
     pools = [{'name': 'a', 'model': '/srv/models/m', 'prefill': ['gpu-p1'], 'decode': ['gpu-d1'], 'routers': ['router-1']}]
     slow = {h: {'vllm_pools': pools, 'vllm_mooncake_abort_request_timeout': 900} for h in ('gpu-p1', 'gpu-d1')}
-    slow['router-1'] = {'vllm_pools': pools, 'vllm_router_request_timeout_secs': 2000}
+    slow['router-1'] = {'vllm_pools': pools, 'vllm_router_request_timeout_secs': 2000, 'vllm_router_canary_heal_interval': 1000}
     slow['entry-1'] = slow['entry-2'] = {'entry_timeout_server': '20m'}
     assert budget(slow, groups) == []
     slow['router-1']['vllm_router_request_timeout_secs'] = 900
