@@ -24,7 +24,9 @@ operator relies on:
     into the cut pair is recomputed by decode within the timeout budget, vllm_kv_load_failure_policy recompute),
     and within PARTITION_HEAL_GOAL_S of the path's return a canary that started after it passes through the pair
     with tokens by transfer, with no person: the canary (plugins/tools/pd_canary.py) found the pair broken and had
-    its prefill drain and restart.
+    its prefill drain and restart. Before the cut, every router's canary journal since the lab began (or
+    --canary-since) must hold no pair broken (3 failures in a row: PDPairBroken) and no heal: no false alarm on a
+    healthy lab through every step and drill before it.
 Recovery = seconds from the kill until the service serves again and 3 requests in a row through
 the router succeed. Every goal fails the run when missed (drill_problems, FAILED_BOUND):
   - etcd member and router: recovery <= 30 s (GOAL_S); a killed etcd member serves again when etcd itself says
@@ -535,7 +537,23 @@ def canary_heals(state):
     return sum(t.get("count", 0) for t in ((state.get("heals") or {}).get("targets") or {}).values())
 
 
-def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s):
+BROKEN_LINE = re.compile(r"canary pool=\S+ (\S+ -> \S+): fail .*; (\d+) failed in a row\)")
+
+
+def canary_alarms(routers, since, failures):
+    """What the canary raised on a healthy lab before the cut: pairs that failed FAILURES canaries in a row (what
+    PDPairBroken fires on) and heals, from every router host's pd-canary journal since SINCE (epoch; 0: its whole
+    journal, the lab's life)."""
+    broken, heals = set(), []
+    for router in routers:
+        text = sh(router, "journalctl", "-u", "pd-canary", "--no-pager", "-o", "cat",
+                  *(["--since", f"@{int(since)}"] if since else []), check=False).stdout
+        broken |= {f"{router}: {m.group(1)}" for m in BROKEN_LINE.finditer(text) if int(m.group(2)) >= failures}
+        heals += [f"{router}: {ln}" for ln in text.splitlines() if " heal: heal " in ln]
+    return sorted(broken), heals
+
+
+def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s, routers=(), since=0):
     """The gray failure: one prefill instance's packets to one decode host dropped for cut_s, then restored; the
     pair must pass a canary again within heal_goal_s of the return, healed by the canary on HEALER (the pool's
     first router). The load's requests in the drill's window are its failed count (bound 0)."""
@@ -546,6 +564,7 @@ def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s):
     before = canary_state(healer)
     ready = wait_for(lambda: canary_passed_since(canary_state(healer), pair, time.time() - 60), 60, step=2)
     heals_before = canary_heals(canary_state(healer))
+    false_broken, false_heals = canary_alarms(routers or [healer], since, int(before.get("failures") or 3))
     cut_epoch = time.time()
     cut_pair(host, inst, ip_of(dhost), True)
     try:
@@ -565,6 +584,7 @@ def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s):
             "heal_lines": [ln for ln in journal.splitlines() if " heal: " in ln][-6:],
             "pair_results": ((after.get("history") or {}).get(pair) or [])[-8:],
             "state_before": (before.get("last") or {}).get(pair),
+            "false_broken": false_broken, "false_heals": false_heals,
             "kill_epoch": cut_epoch, "recovery_epoch": None, "end_epoch": time.time()}
 
 
@@ -573,6 +593,9 @@ def partition_problems(r):
     if not r["canary_ready"]:
         out.append(f"{r['drill']}: the canary did not pass through {r['pair']} before the cut (is pd-canary.timer running "
                    f"on the pool's first router?)")
+    if r["false_broken"] or r["false_heals"]:
+        out.append(f"{r['drill']}: the canary raised alarms on a healthy lab before the cut: broken {r['false_broken']}, "
+                   f"heals {r['false_heals']}")
     if r["healed_s"] is None:
         out.append(f"{r['drill']}: no canary passed through {r['pair']} within {r['heal_goal_s']} s of the path's "
                    f"return (heals: {r['heals']}; {r['heal_lines']}; results {r['pair_results']})")
@@ -777,6 +800,8 @@ def main(argv=None):
                          "prefill instance, whose pairs the other drills leave alone)")
     ap.add_argument("--partition-decode", default=":".join(map(str, first["vllm_decode"])))
     ap.add_argument("--partition-only", action="store_true", help="run the gray-failure drill alone")
+    ap.add_argument("--canary-since", type=float, default=0,
+                    help="epoch from which the canary must have raised no alarm before the cut (0: the lab's life)")
     ap.add_argument("--out", default="drills.json")
     args = ap.parse_args(argv)
     prefills = list(inv.instances(["vllm_prefill"]))
@@ -904,7 +929,7 @@ def main(argv=None):
         #    every process stays up; the canary must find the pair broken and heal it with no person. Last: its
         #    heal restarts a prefill instance, which the drills above must not see.
         results.append(drill_partition(lab, args.partition, args.partition_decode, healer, PARTITION_S,
-                                       PARTITION_HEAL_GOAL_S))
+                                       PARTITION_HEAL_GOAL_S, args.routers, args.canary_since))
     finally:
         stop.touch()
         loader.wait(timeout=120)

@@ -496,3 +496,24 @@ def test_vrrp_state_is_the_last_transition_in_the_journal():
     assert drills.vrrp_state_from_journal(text) == "FAULT"
     assert drills.vrrp_state_from_journal(text + "(entry_vip) Entering BACKUP STATE\n") == "BACKUP"
     assert drills.vrrp_state_from_journal("") is None
+
+
+def test_partition_drill_reads_the_canary_and_fails_its_goals():
+    """The gray-failure drill: a canary run that started after the path's return and passed with tokens by transfer
+    is the heal; a broken pair or a heal before the cut is a false alarm; a missed heal fails the drill."""
+    pair = "prefill1/prefill1|decode1/decode0"
+    state = {"started": 100.0, "last": {pair: {"result": "pass", "tokens": 120}}}
+    assert drills.canary_passed_since(state, pair, 99.0)
+    assert not drills.canary_passed_since(state, pair, 101.0)  # the run began before the path came back
+    assert not drills.canary_passed_since(dict(state, last={pair: {"result": "pass", "tokens": 0}}), pair, 99.0)
+    assert drills.canary_heals({"heals": {"targets": {"a": {"count": 2}, "b": {"count": 1}}}}) == 3
+    line = ("canary pool=default prefill1/prefill1 -> decode1/decode0: fail in 8.02s (answered decode TimeoutError; "
+            "3 failed in a row)")
+    m = drills.BROKEN_LINE.search(line)
+    assert m and m.group(1) == "prefill1/prefill1 -> decode1/decode0" and m.group(2) == "3"
+    ok = {"drill": "partition", "canary_ready": True, "healed_s": 80.0, "heal_goal_s": 120, "heals": 1,
+          "heal_lines": [], "pair_results": [], "pair": pair, "false_broken": [], "false_heals": []}
+    assert drills.partition_problems(ok) == []
+    assert "no canary passed" in drills.partition_problems(dict(ok, healed_s=None))[0]
+    assert "raised alarms on a healthy lab" in drills.partition_problems(dict(ok, false_heals=["router1: x"]))[0]
+    assert drills.FAILED_BOUND["partition"] == 0
