@@ -103,6 +103,8 @@ VLLM_ENV = {
     'VLLM_API_KEY': 'vllm_router_api_key (the routers\' key, in _vllm_api_key_file)',
     'PYTHONPATH': 'nothing (the bundle\'s drain middleware and side-channel pin)',
     'PD_BUNDLE_DRAIN_FILE': 'nothing (rolling restarts)',
+    'PD_BUNDLE_DRAIN_TIMEOUT': 'vllm_drain_timeout',
+    'PD_BUNDLE_SENDER_TASKS': 'vllm_mooncake_sender_per_request',
     'HOME': 'vllm_state_dir',
 }
 
