@@ -120,13 +120,37 @@ def kv_request(request, host, send, what):
                   'once more with a fresh prompt' % (what, views0, views1))
 
 
-def store_wait_constant(name):
+def store_wait_constant(name, tool='pd_bundle_store_wait.py'):
     """A constant of plugins/tools/pd_bundle_store_wait.py (the wait's env variable WAIT_ENV, the line ACTIVE its
-    schedulers print), read from the patch itself."""
+    schedulers print), or of another patch (tool), read from the patch itself."""
     import ast
-    tree = ast.parse((BUNDLE_TOOLS / 'pd_bundle_store_wait.py').read_text())
+    tree = ast.parse((BUNDLE_TOOLS / tool).read_text())
     return next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
                 and [t.id for t in node.targets if isinstance(t, ast.Name)] == [name])
+
+
+def test_sender_tasks_are_active(host):
+    """P2P: every prefill instance whose env file asks for it (vllm_mooncake_sender_per_request) serves each decode's
+    KV request in its own task: its connector printed the patch's line in this run of its unit. A connector that
+    does not fit refuses to start instead (pd_bundle_sender_tasks.sender_check)."""
+    v = hvars(host)
+    if not in_group(host, 'vllm_prefill') or not v.get('vllm_instances'):
+        pytest.skip('no prefill instance on this host')
+    tool = 'pd_bundle_sender_tasks.py'
+    env_var, active, checked = store_wait_constant('SENDER_TASKS_ENV', tool), store_wait_constant('SENDER_ACTIVE', tool), 0
+    for inst in v['vllm_instances']:
+        name = inst['name']
+        env = host.file('/etc/vllm/%s.env' % name).content_string
+        if '%s=1' % env_var not in env.splitlines():
+            continue
+        invocation = host.check_output('systemctl show -p InvocationID --value vllm@%s' % name)
+        log = run_as_root(host, 'journalctl _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager' % invocation)
+        assert log.rc == 0, log.stderr[-500:]
+        assert active in log.stdout, 'vllm@%s sets %s=1 but its journal of this run has no %r line: not hooked' % (
+            name, env_var, active)
+        checked += 1
+    if not checked:
+        pytest.skip('no prefill instance here asks for the sender tasks')
 
 
 def test_store_lookup_wait_is_active(host):
