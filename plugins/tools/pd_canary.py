@@ -261,7 +261,7 @@ def metrics(pool, outcomes, history, now, failures, heals=None, fabric=None):
     if heals is not None:
         lines += ['# HELP pd_canary_heals_total Instances this canary drained and restarted because they were wedged.',
                   '# TYPE pd_canary_heals_total counter']
-        lines += ['pd_canary_heals_total{pool="%s",instance="%s"} %d' % (_esc(pool), _esc(name), t['count'])
+        lines += ['pd_canary_heals_total{pool="%s",healed="%s"} %d' % (_esc(pool), _esc(name), t['count'])
                   for name, t in sorted((heals.get('targets') or {}).items())]
     if fabric is not None:
         lines += ['# HELP pd_canary_fabric_broken 1 when every pair of the pool failed its last canaries (no restart is tried).',

@@ -246,7 +246,7 @@ def test_healer_gates_switch_health_rate_and_attempts():
 
 def test_heals_and_the_fabric_are_metrics():
     text = canary.metrics('default', [], canary.History(), 1, 3, {'targets': {'P0': {'count': 2, 'attempts': 1}}}, 1)
-    assert 'pd_canary_heals_total{pool="default",instance="P0"} 2' in text
+    assert 'pd_canary_heals_total{pool="default",healed="P0"} 2' in text
     assert 'pd_canary_fabric_broken{pool="default"} 1' in text
     assert canary.heal_url(PAIRS, 'D2') == 'http://D2' and canary.heal_url(PAIRS, 'X') is None
 
