@@ -48,7 +48,10 @@ PATH_DEFAULTS = {"vllm_venv": "/opt/vllm/venv", "mooncake_venv": "/opt/mooncake/
 USERS = {"etcd_user": "etcd", "mooncake_master_user": "mooncake", "vllm_user": "vllm",
          "vllm_router_user": "vllm-router"}
 UNIT_PATTERNS = ["etcd.service", "mooncake-master.service", "vllm-router.service", "vllm@*.service",
-                 "pd-*.service"]
+                 "pd-*.service", "pd-*.timer"]
+# Oneshot services their timer starts on schedule (the PD canary every vllm_router_canary_interval): their state and
+# PID change by design between two snapshots. Their timer's state is compared instead (UNIT_PATTERNS).
+TIMER_DRIVEN = ["pd-canary.service"]
 
 # Runs on each host (python3 is there: Ansible needs it). Prints one JSON object {key: value}:
 #   file:<path>   sha256, mode, owner of every regular file under the managed trees
@@ -107,7 +110,7 @@ show = subprocess.run(["systemctl", "show", "-p", "Id,LoadState,ActiveState,SubS
                       capture_output=True, text=True, check=True).stdout
 for block in show.strip().split("\n\n"):
     kv = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-    if kv.get("Id"):
+    if kv.get("Id") and kv["Id"] not in spec.get("timer_driven", []):
         out["unit:" + kv["Id"]] = "%s %s %s %s" % (kv.get("LoadState"), kv.get("ActiveState"), kv.get("SubState"),
                                                   kv.get("MainPID"))
 print(json.dumps(out, sort_keys=True))
@@ -237,7 +240,7 @@ def host_spec(host, hv, groups):
 
 def snapshot_host(host, spec):
     out = docker(host, "python3", "-c", SNAPSHOT_PY, json.dumps(
-        {k: spec[k] for k in ("paths", "venvs", "users", "units")}))
+        dict({k: spec[k] for k in ("paths", "venvs", "users", "units")}, timer_driven=TIMER_DRIVEN)))
     try:
         snap = json.loads(out)
     except ValueError as e:

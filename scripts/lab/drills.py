@@ -17,7 +17,7 @@ operator relies on:
     the VIP moved fails;
   - one of three etcd members stopped: the master keeps a leader and a store put/get works;
   - the master leader killed: the standby takes over, etcd's view names it, the old leader comes back as standby;
-  - a gray failure (issue 44): every packet one prefill instance sends to one decode host dropped for PARTITION_S
+  - alone (--partition-only, make lab-partition; not yet in CI's sequence), a gray failure (issue 44): every packet one prefill instance sends to one decode host dropped for PARTITION_S
     (a net_cls class for the instance's processes, an nft rule on the prefill host; every process stays up and
     answers /health), then the path restored. On the lab that wedges the pair for good ("Timeout waiting for P side
     ready") until its prefill restarts. Goals: no request of the load fails (the other pairs serve, and one routed
@@ -565,6 +565,13 @@ def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s, routers=()
     ready = wait_for(lambda: canary_passed_since(canary_state(healer), pair, time.time() - 60), 60, step=2)
     heals_before = canary_heals(canary_state(healer))
     false_broken, false_heals = canary_alarms(routers or [healer], since, int(before.get("failures") or 3))
+    # The lab keeps healing off (molecule/default/inventory: its other steps restart instances on purpose); the drill
+    # turns it on in the healer's config for its own fault, and back after (lab harness, not a bundle feature).
+    conf = role_var("vllm_router", "_vllm_router_canary_file")
+    toggle = ("import json,sys; p=sys.argv[1]; c=json.load(open(p)); h=c.get('heal') or {}; h['enabled']=sys.argv[2]=='on';"
+              " c['heal']=h; open(p,'w').write(json.dumps(c, indent=2, sort_keys=True))")
+    heal_was = json.loads(sh(healer, "cat", conf).stdout).get("heal", {}).get("enabled", False)
+    sh(healer, "python3", "-c", toggle, conf, "on")
     cut_epoch = time.time()
     cut_pair(host, inst, ip_of(dhost), True)
     try:
@@ -572,7 +579,10 @@ def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s, routers=()
     finally:
         dropped = cut_pair(host, inst, ip_of(dhost), False)
     back_epoch = time.time()
-    healed = wait_for(lambda: canary_passed_since(canary_state(healer), pair, back_epoch), heal_goal_s, step=2)
+    try:
+        healed = wait_for(lambda: canary_passed_since(canary_state(healer), pair, back_epoch), heal_goal_s, step=2)
+    finally:
+        sh(healer, "python3", "-c", toggle, conf, "on" if heal_was else "off")
     after = canary_state(healer)
     journal = sh(healer, "journalctl", "-u", "pd-canary", "--no-pager", "-o", "cat", "--since", f"@{int(cut_epoch)}",
                  check=False).stdout
@@ -925,11 +935,10 @@ def main(argv=None):
                             "store_error": None if store is not None else lab.store_error,
                             "ok": leader is not None and store is not None and router_ok,
                             "end_epoch": time.time(), "recovery_epoch": None})
-        # 4. The gray failure (issue 44): a prefill's path to one decode drops every packet for PARTITION_S, while
-        #    every process stays up; the canary must find the pair broken and heal it with no person. Last: its
-        #    heal restarts a prefill instance, which the drills above must not see.
-        results.append(drill_partition(lab, args.partition, args.partition_decode, healer, PARTITION_S,
-                                       PARTITION_HEAL_GOAL_S, args.routers, args.canary_since))
+        # 4. The gray failure (issue 44) runs alone (--partition-only, make lab-partition): not yet in CI's sequence.
+        if args.partition_only:
+            results.append(drill_partition(lab, args.partition, args.partition_decode, healer, PARTITION_S,
+                                           PARTITION_HEAL_GOAL_S, args.routers, args.canary_since))
     finally:
         stop.touch()
         loader.wait(timeout=120)
