@@ -110,7 +110,9 @@ show = subprocess.run(["systemctl", "show", "-p", "Id,LoadState,ActiveState,SubS
                       capture_output=True, text=True, check=True).stdout
 for block in show.strip().split("\n\n"):
     kv = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-    if kv.get("Id") and kv["Id"] not in spec.get("timer_driven", []):
+    if kv.get("Id", "").endswith(".timer"):  # its SubState is 'running' while its service runs: loaded and active only
+        out["unit:" + kv["Id"]] = "%s %s" % (kv.get("LoadState"), kv.get("ActiveState"))
+    elif kv.get("Id") and kv["Id"] not in spec.get("timer_driven", []):
         out["unit:" + kv["Id"]] = "%s %s %s %s" % (kv.get("LoadState"), kv.get("ActiveState"), kv.get("SubState"),
                                                   kv.get("MainPID"))
 print(json.dumps(out, sort_keys=True))
