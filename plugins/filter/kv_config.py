@@ -33,7 +33,9 @@ def vllm_kv_transfer_config(p2p, store_tier=False, store_mode=False, cache_prefi
     store_tier (a prefill in P2P mode): MultiConnector, MooncakeConnector first (the hand-off to decode, and
     the connector whose bootstrap server the routers query) and MooncakeStoreConnector second, kv_both: it
     loads what another prefill stored and stores what this one computed. MultiConnector loads from the first
-    child that has tokens; a P2P producer never has any, so store hits come from the second."""
+    child that has tokens; a P2P producer never has any, so store hits come from the second. Its failure policy is
+    always recompute: a producer loads from the store only, and the store is an optimisation whose outage must cost a
+    recompute, never a request (issue 44; the instance's policy is decode's, for the P2P pull)."""
     kv = dict(p2p)
     if store_mode:
         kv['kv_connector_extra_config'] = dict(kv.get('kv_connector_extra_config') or {}, cache_prefix=cache_prefix)
@@ -47,7 +49,7 @@ def vllm_kv_transfer_config(p2p, store_tier=False, store_mode=False, cache_prefi
              'kv_connector_extra_config': {'cache_prefix': cache_prefix}}
     child = {k: v for k, v in kv.items() if k != 'engine_id'}
     return {'kv_connector': 'MultiConnector', 'kv_role': kv.get('kv_role'), 'engine_id': kv.get('engine_id'),
-            'kv_load_failure_policy': kv['kv_load_failure_policy'],  # the scheduler reads MultiConnector's
+            'kv_load_failure_policy': 'recompute',  # the scheduler reads MultiConnector's
             'kv_connector_extra_config': {'connectors': [child, store]}}
 
 

@@ -105,6 +105,7 @@ VLLM_ENV = {
     'PD_BUNDLE_DRAIN_FILE': 'nothing (rolling restarts)',
     'PD_BUNDLE_DRAIN_TIMEOUT': 'vllm_drain_timeout',
     'PD_BUNDLE_SENDER_TASKS': 'vllm_mooncake_sender_per_request',
+    'PD_BUNDLE_STORE_BREAKER_MS': 'vllm_store_tier_timeout_ms',
     'HOME': 'vllm_state_dir',
 }
 

@@ -43,6 +43,14 @@ def _int(value):
         return None
 
 
+def store_bound_seconds(ms):
+    """The store tier's bound (vllm_store_tier_timeout_ms) in seconds; None when it does not parse, 0 when off."""
+    value = _int(ms)
+    if value is None:
+        return None
+    return value // 1000 if value % 1000 == 0 else value / 1000.0
+
+
 def kv_wait_seconds(abort):
     a = _int(abort)
     return None if a is None else a + VLLM_RECV_MARGIN_S
@@ -156,6 +164,10 @@ def timeout_budget(entry, router, vllm):
         {'layer': 'drain (router)', 'variable': 'vllm_router_drain_timeout',
          'seconds': _int(router.get('vllm_router_drain_timeout')),
          'bounds': 'a router restart waits this long at every entry for its open requests'},
+        {'layer': 'store (tier)', 'variable': 'vllm_store_tier_timeout_ms',
+         'seconds': store_bound_seconds(vllm.get('vllm_store_tier_timeout_ms')),
+         'bounds': 'a prefill\'s store lookup at most this long before the store is skipped (fails open) until it '
+                   'answers again; 0: no bound'},
     ]
 
 

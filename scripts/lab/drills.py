@@ -17,7 +17,12 @@ operator relies on:
     the VIP moved fails;
   - one of three etcd members stopped: the master keeps a leader and a store put/get works;
   - the master leader killed: the standby takes over, etcd's view names it, the old leader comes back as standby;
-  - alone (--partition-only, make lab-partition; not yet in CI's sequence), a gray failure (issue 44): every packet one prefill instance sends to one decode host dropped for PARTITION_S
+  - the store tier's gray failures (issue 44; alone with --gray-only, make lab-gray): both Mooncake masters stopped,
+    then 2 of 3 etcd members stopped (quorum lost), STORE_OUTAGE_S each, every other process up. The store tier fails
+    open (plugins/tools/pd_bundle_store_breaker.py): no request sent after STORE_GRACE_S of the stop may fail, and a
+    store hit (a fresh prompt computed on one prefill loaded from the store by the other) must come back within
+    STORE_HIT_GOAL_S of the units' return, with no restart;
+  - last (alone: --partition-only, make lab-partition), a gray failure (issue 44): every packet one prefill instance sends to one decode host dropped for PARTITION_S
     (a net_cls class for the instance's processes, an nft rule on the prefill host; every process stays up and
     answers /health), then the path restored. On the lab that wedges the pair for good ("Timeout waiting for P side
     ready") until its prefill restarts. Goals: no request of the load fails (the other pairs serve, and one routed
@@ -90,7 +95,9 @@ FAILED_BOUND = {"etcd member": 0, "master leader": 0, "etcd member stopped": 0,
                 # counted per run from the load's spans (bound_from_spans); none sent after the move may fail
                 "entry frozen": 0,
                 # the cut pair: its requests are recomputed within the budget, the others never touch it
-                "partition": 0}
+                "partition": 0,
+                # the store tier's outages: the requests sent in the first STORE_GRACE_S (bound_from_spans), none after
+                "masters down": 0, "etcd quorum lost": 0}
 # A router killed behind the entry: HAProxy retries every request on the other router (retry-on, with the whole
 # request buffered), except a streamed one whose answer had begun on the killed router. So the bound is the load's
 # streams open at the kill (streams_open_at), and no non-streamed request and none sent after the kill may fail.
@@ -122,6 +129,12 @@ CUT_TABLE = "pd_drill_cut"
 CUT_CGROUP = "/sys/fs/cgroup/net_cls,net_prio/pd_drill_cut"
 # The PD canary's state on a router host (the state file the timer's runs write).
 CANARY_STATE = role_var("vllm_router", "_vllm_router_canary_state")
+# The store tier's gray failures (issue 44): both masters stopped, or 2 of 3 etcd members stopped, for STORE_OUTAGE_S.
+# No request sent after STORE_GRACE_S of the stop may fail, and a store hit must come back within STORE_HIT_GOAL_S of
+# the units' return.
+STORE_OUTAGE_S = 60
+STORE_GRACE_S = 5
+STORE_HIT_GOAL_S = 60
 
 
 def sh(host, *cmd, check=True, timeout=180, input=None):  # noqa: A002 - subprocess.run's name
@@ -598,6 +611,78 @@ def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s, routers=()
             "kill_epoch": cut_epoch, "recovery_epoch": None, "end_epoch": time.time()}
 
 
+BREAKER_OPEN = "pd-bundle: store breaker open"  # plugins/tools/pd_bundle_store_breaker.py's lines
+BREAKER_CLOSED = "pd-bundle: store breaker closed"
+
+
+def store_hit(inv, model, words=200):
+    """One proof that the store tier reuses again: a fresh prompt computed on the first prefill instance (its store
+    connector puts its blocks), then sent to the second, which must load some of it from the store (its
+    prompt_tokens_by_source external_kv_transfer grows). (ok, detail)."""
+    import random  # noqa: PLC0415
+    from reuse import metrics  # noqa: PLC0415  (scripts/lab/reuse.py; it imports this module)
+    from reuse_workload import WORDS, parse_sources  # noqa: PLC0415
+    from store_tier import complete  # noqa: PLC0415
+    (ha, _, pa), (hb, _, pb) = list(inv.instances(["vllm_prefill"]))[:2]
+    nonce = f"{time.time()}-{random.randrange(10 ** 6)}"
+    prompt = f"Store back {nonce}. " + " ".join(random.Random(nonce).choice(WORDS) for _ in range(words))
+    ok_a, usage = complete(ha, inv.ips[ha], pa, model, prompt, timeout=30)
+    if not ok_a:
+        return False, usage
+    time.sleep(1.5)  # the store connector puts after the answer
+    b0 = parse_sources(metrics(hb, pb, inv)).get("external_kv_transfer", 0.0)
+    ok_b, usage = complete(hb, inv.ips[hb], pb, model, prompt, timeout=30)
+    time.sleep(1)  # the counters move when the request finishes
+    got = parse_sources(metrics(hb, pb, inv)).get("external_kv_transfer", 0.0) - b0
+    return ok_b and got > 0, f"{hb} loaded {got:.0f} tokens from the store"
+
+
+def drill_store_outage(lab, inv, kind, hosts, unit, outage_s, hit_goal_s):
+    """A gray failure of the store tier (issue 44): UNIT stopped on HOSTS (both masters; or 2 of 3 etcd members, so
+    etcd loses quorum) for outage_s, every other process up. The store tier must fail open: no request sent after
+    STORE_GRACE_S of the stop may fail (the breaker's bound plus the requests already waiting on the store), and a
+    store hit (store_hit) must come back within hit_goal_s of the units' return, with no restart."""
+    lab.router_settled()
+    hit_before = wait_for(lambda: store_hit(inv, lab.model)[0], 60, step=1)
+    prefills = list(inv.instances(["vllm_prefill"]))
+    fault_epoch = time.time()
+    for host in hosts:
+        sh(host, "systemctl", "stop", unit)
+    try:
+        time.sleep(outage_s)
+    finally:
+        for host in hosts:
+            sh(host, "systemctl", "start", unit, check=False)
+    back_epoch = time.time()
+    detail = {}
+
+    def hit():
+        ok, detail["last"] = store_hit(inv, lab.model)
+        return ok
+    hit_back = wait_for(hit, hit_goal_s, step=2)
+    breaker = {}
+    for host, inst, _ in prefills:
+        text = sh(host, "journalctl", "-u", f"vllm@{inst}", "--no-pager", "-o", "cat", "--since", f"@{int(fault_epoch)}",
+                  check=False).stdout
+        breaker[f"{host}/{inst}"] = [ln[:160] for ln in text.splitlines() if BREAKER_OPEN in ln or BREAKER_CLOSED in ln][:4]
+    lab.router_settled()
+    return {"drill": f"{kind} ({outage_s} s)", "kind": kind, "host": ",".join(hosts), "unit": unit,
+            "outage_s": outage_s, "store_hit_before": hit_before is not None,
+            "store_hit_back_s": None if hit_back is None else round(hit_back, 1), "hit_goal_s": hit_goal_s,
+            "store_hit_detail": detail.get("last"), "breaker": breaker,
+            "kill_epoch": fault_epoch, "recovery_epoch": fault_epoch + STORE_GRACE_S, "end_epoch": time.time()}
+
+
+def store_outage_problems(r):
+    out = []
+    if not r["store_hit_before"]:
+        out.append(f"{r['drill']}: no store hit before the fault (the store tier does not reuse on this lab)")
+    if r["store_hit_back_s"] is None:
+        out.append(f"{r['drill']}: no store hit within {r['hit_goal_s']} s of the units' return ({r['store_hit_detail']}; "
+                   f"breaker lines: {r['breaker']})")
+    return out
+
+
 def partition_problems(r):
     out = []
     if not r["canary_ready"]:
@@ -810,6 +895,8 @@ def main(argv=None):
                          "prefill instance, whose pairs the other drills leave alone)")
     ap.add_argument("--partition-decode", default=":".join(map(str, first["vllm_decode"])))
     ap.add_argument("--partition-only", action="store_true", help="run the gray-failure drill alone")
+    ap.add_argument("--gray-only", action="store_true",
+                    help="run the gray-failure drills alone: masters down, etcd quorum lost, the partition")
     ap.add_argument("--canary-since", type=float, default=0,
                     help="epoch from which the canary must have raised no alarm before the cut (0: the lab's life)")
     ap.add_argument("--out", default="drills.json")
@@ -838,7 +925,7 @@ def main(argv=None):
                               env=os.environ)
     results, problems = [], []
     try:
-        if not args.partition_only:
+        if not (args.partition_only or args.gray_only):
             # 1. kill -9 each kind of service.
             etcd_victim = args.etcd[-1]
             results.append(drill_kill(lab, "etcd member", etcd_victim, "etcd",
@@ -935,10 +1022,15 @@ def main(argv=None):
                             "store_error": None if store is not None else lab.store_error,
                             "ok": leader is not None and store is not None and router_ok,
                             "end_epoch": time.time(), "recovery_epoch": None})
-        # 4. The gray failure (issue 44) runs alone (--partition-only, make lab-partition): not yet in CI's sequence.
-        if args.partition_only:
-            results.append(drill_partition(lab, args.partition, args.partition_decode, healer, PARTITION_S,
-                                           PARTITION_HEAL_GOAL_S, args.routers, args.canary_since))
+        # 4. The store tier's gray failures (issue 44): every process up, the store unable to answer. It must fail open.
+        if not args.partition_only:
+            results.append(drill_store_outage(lab, inv, "masters down", args.masters, "mooncake-master",
+                                              STORE_OUTAGE_S, STORE_HIT_GOAL_S))
+            results.append(drill_store_outage(lab, inv, "etcd quorum lost", args.etcd[1:], "etcd",
+                                              STORE_OUTAGE_S, STORE_HIT_GOAL_S))
+        # 5. The broken pair (issue 44), healed by the canary.
+        results.append(drill_partition(lab, args.partition, args.partition_decode, healer, PARTITION_S,
+                                       PARTITION_HEAL_GOAL_S, args.routers, args.canary_since))
     finally:
         stop.touch()
         loader.wait(timeout=120)
@@ -949,6 +1041,9 @@ def main(argv=None):
             r["bound"] = bound_from_spans(spans, load_summary["start_epoch"], r["freeze_epoch"], r["moved_epoch"])
         if r["kind"] in STREAMS_ONLY:
             r["bound"] = streams_open_at(spans, load_summary["start_epoch"], r["kill_epoch"])
+        if r["kind"] in ("masters down", "etcd quorum lost"):
+            # the requests open in the first STORE_GRACE_S of the stop (sent before its end, still open at the stop)
+            r["bound"] = bound_from_spans(spans, load_summary["start_epoch"], r["kill_epoch"], r["recovery_epoch"])
     after_last = attribute_failures(results, load_summary)
 
     for r in results:
@@ -962,6 +1057,8 @@ def main(argv=None):
             problems.extend(freeze_problems(r))
         elif r["kind"] == "partition":
             problems.extend(partition_problems(r))
+        elif r["kind"] in ("masters down", "etcd quorum lost"):
+            problems.extend(store_outage_problems(r))
         elif not r.get("ok"):
             problems.append(f"{r['drill']}: {r}")
         problems.extend(failure_problems(r))
