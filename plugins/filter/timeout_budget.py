@@ -13,6 +13,9 @@ that cannot work; preflight (plugins/plugin_utils/preflight/budget.py) refuses t
 """
 import re
 
+from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
+from ansible_collections.pd_bundle.serving.plugins.filter import target_rules as _rules
+
 # vLLM's MooncakeConnector (mooncake_connector.py, vLLM 0.32 and 0.33): decode's socket to the prefill's side channel
 # waits zmq.RCVTIMEO = (VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60) s for an answer; the prefill answers "Timeout waiting
 # for P side ready" after VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT when its side of the path works. So a decode waits for
@@ -35,12 +38,8 @@ def haproxy_seconds(value):
 
 
 def _int(value):
-    if isinstance(value, bool):
-        return None
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        return None
+    """An int, or a string of digits, as an int; None otherwise (the same reading as preflight's)."""
+    return _rules._int(value)
 
 
 def store_bound_seconds(ms):
@@ -114,7 +113,7 @@ def budget_problems(entries, routers, vllms):
                             'lower vllm_router_canary_timeout below %d, or raise vllm_router_canary_interval above %d.'
                             % (interval, canary)))
             heal = _int(cfg.get('vllm_router_canary_heal_interval'))
-            heal_on = str(cfg.get('vllm_router_canary_heal', True)).strip().lower() not in ('false', 'no', 'off', '0')
+            heal_on = _bundle._truthy(cfg.get('vllm_router_canary_heal'), True)
             if mine and heal_on and heal is not None and heal <= mine[2]:
                 vhost, abort, wait = mine
                 out.append(('vllm_router_canary_heal_interval', host,

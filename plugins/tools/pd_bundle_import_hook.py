@@ -1,6 +1,7 @@
-"""Patch a vLLM module right after Python imports it: the one import hook of the bundle's vLLM patches
-(pd_bundle_side_channel.py, pd_bundle_store_wait.py). sitecustomize.py runs before vLLM is imported and
-must not import vLLM itself (torch at every Python start, the API server's included)."""
+"""Patch a module right after Python imports it: the one import hook of the bundle's vLLM and Mooncake patches
+(the pd_bundle_*.py beside it), and the one way each refuses to start where it does not fit (refuse_patch).
+sitecustomize.py runs before vLLM is imported and must not import vLLM itself (torch at every Python start, the
+API server's included)."""
 import importlib.util
 import sys
 
@@ -26,6 +27,20 @@ class PatchOnImport:
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def vllm_version():
+    """'vLLM <version>' of the vLLM this process imported ('unknown' before it did)."""
+    return "vLLM %s" % getattr(sys.modules.get("vllm"), "__version__", "unknown")
+
+
+def refuse_patch(patch, subject, what, fix, why=""):
+    """The engine does not start: one line (stderr: the unit's journal) naming the patch, what it does not fit
+    (subject, e.g. vllm_version()) and why, and the way out; then the exception."""
+    msg = "pd-bundle: patch %s does not fit %s: %s.%s Fix: %s, or adapt plugins/tools/%s.py." % (
+        patch, subject, what, " " + why if why else "", fix, patch)
+    print(msg, file=sys.stderr, flush=True)
+    raise RuntimeError(msg)
 
 
 def patch_on_import(name, patch):

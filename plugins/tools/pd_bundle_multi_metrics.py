@@ -18,7 +18,8 @@ import functools
 import os
 import sys
 
-# patch_on_import: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set it.
+# patch_on_import, refuse_patch, vllm_version: defined above this file in sitecustomize.py (pd_bundle_import_hook.py);
+# unit tests set them.
 
 MULTI_ENV = "PD_BUNDLE_MULTI_METRICS"
 MULTI_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector"
@@ -26,13 +27,10 @@ MULTI_ACTIVE = "pd-bundle: MultiConnector metrics skip children without Promethe
 
 
 def _refuse_multi(what):
-    version = getattr(sys.modules.get("vllm"), "__version__", "unknown")
-    msg = ("pd-bundle: %s=1 is set (vllm_store_tier), but %s in vLLM %s (the patch is written for vLLM 0.32's %s). "
-           "Without it the first P2P hand-off would stop the API server (vLLM issue #43828). Fix: set "
-           "vllm_store_tier: false for this vLLM and re-run site.yml, or adapt plugins/tools/pd_bundle_multi_metrics.py."
-           % (MULTI_ENV, what, version, MULTI_MODULE))
-    print(msg, file=sys.stderr, flush=True)
-    raise RuntimeError(msg)
+    refuse_patch("pd_bundle_multi_metrics", vllm_version(), "%s (the patch is written for vLLM 0.32's %s)" % (what, MULTI_MODULE),
+                 "set vllm_store_tier: false for this vLLM and re-run site.yml",
+                 why="With %s=1 (vllm_store_tier) and without the patch the first P2P hand-off would stop the API "
+                     "server (vLLM issue #43828)." % MULTI_ENV)
 
 
 def wrap_observe(original):

@@ -26,7 +26,8 @@ import inspect
 import os
 import sys
 
-# patch_on_import: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set it.
+# patch_on_import, refuse_patch, vllm_version: defined above this file in sitecustomize.py (pd_bundle_import_hook.py);
+# unit tests set them.
 
 SENDER_TASKS_ENV = "PD_BUNDLE_SENDER_TASKS"
 SENDER_CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
@@ -38,11 +39,8 @@ SENDER_ACTIVE = "pd-bundle: each decode's KV request is served in its own task"
 
 
 def sender_refuse(what):
-    version = getattr(sys.modules.get("vllm"), "__version__", "unknown")
-    msg = ("pd-bundle: patch pd_bundle_sender_tasks does not fit vLLM %s: %s. Fix: set vllm_mooncake_sender_per_request: "
-           "false for this vLLM and re-run site.yml, or adapt plugins/tools/pd_bundle_sender_tasks.py." % (version, what))
-    print(msg, file=sys.stderr, flush=True)
-    raise RuntimeError(msg)
+    refuse_patch("pd_bundle_sender_tasks", vllm_version(), what,
+                 "set vllm_mooncake_sender_per_request: false for this vLLM and re-run site.yml")
 
 
 def sender_check(module):

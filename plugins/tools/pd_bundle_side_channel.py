@@ -26,7 +26,8 @@ import os
 import sys
 
 
-# patch_on_import: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set it.
+# patch_on_import, refuse_patch, vllm_version: defined above this file in sitecustomize.py (pd_bundle_import_hook.py);
+# unit tests set them.
 
 ENV = "PD_BUNDLE_SIDE_CHANNEL_PORT"
 SPAN_ENV = "PD_BUNDLE_SIDE_CHANNEL_SPAN"
@@ -81,11 +82,8 @@ def install(zmq_module=None, environ=os.environ):
 def refuse(what):
     """The engine does not start: one line (stderr: the unit's journal) naming this patch, the vLLM version and the
     way out; then the exception."""
-    version = getattr(sys.modules.get("vllm"), "__version__", "unknown")
-    msg = ("pd-bundle: patch pd_bundle_side_channel does not fit vLLM %s: %s. Fix: run a vllm_version it was written "
-           "for (docs/upgrading.md), or adapt plugins/tools/pd_bundle_side_channel.py." % (version, what))
-    print(msg, file=sys.stderr, flush=True)
-    raise RuntimeError(msg)
+    refuse_patch("pd_bundle_side_channel", vllm_version(), what,
+                 "run a vllm_version it was written for (docs/upgrading.md)")
 
 
 def check_pinned_bind(module):

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-# patch_on_import: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set it.
+# patch_on_import, refuse_patch: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set them.
 
 BREAKER_ENV = "PD_BUNDLE_STORE_BREAKER_MS"
 BREAKER_MODULE = "mooncake.store"
@@ -167,13 +167,9 @@ def breaker_check(module):
     missing = [n for n in ("setup", "batch_is_exist", "batch_put_from_multi_buffers", "batch_get_into_multi_buffers")
                if not hasattr(cls, n)]
     if cls is None or missing:
-        version = getattr(module, "__version__", "unknown")
-        msg = ("pd-bundle: patch pd_bundle_store_breaker does not fit mooncake.store (%s): %s. Fix: set "
-               "vllm_store_tier_timeout_ms: 0 for this Mooncake and re-run site.yml, or adapt "
-               "plugins/tools/pd_bundle_store_breaker.py."
-               % (version, "no %s" % BREAKER_CLASS if cls is None else "%s has no %s" % (BREAKER_CLASS, ", ".join(missing))))
-        print(msg, file=sys.stderr, flush=True)
-        raise RuntimeError(msg)
+        refuse_patch("pd_bundle_store_breaker", "mooncake.store", "no %s" % BREAKER_CLASS if cls is None
+                     else "%s has no %s" % (BREAKER_CLASS, ", ".join(missing)),
+                     "set vllm_store_tier_timeout_ms: 0 for this Mooncake and re-run site.yml")
     return cls
 
 

@@ -23,7 +23,8 @@ import os
 import sys
 import time
 
-# patch_on_import: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set it.
+# patch_on_import, refuse_patch, vllm_version: defined above this file in sitecustomize.py (pd_bundle_import_hook.py);
+# unit tests set them.
 
 WAIT_ENV = "PD_BUNDLE_STORE_LOOKUP_WAIT_MS"
 SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler"
@@ -62,13 +63,10 @@ def wrap_lookup(original, wait, clock=time.monotonic):
 
 
 def _refuse(what, wait):
-    version = getattr(sys.modules.get("vllm"), "__version__", "unknown")
-    msg = ("pd-bundle: %s=%d is set, but %s in vLLM %s (the wait is written for vLLM 0.32's %s). Without it the "
-           "wait would wait for 0 blocks and decodes would recompute prompts prefill had stored. Fix: set "
-           "vllm_store_lookup_wait_ms: 0 for this vLLM and re-run site.yml, or adapt plugins/tools/pd_bundle_store_wait.py."
-           % (WAIT_ENV, round(wait * 1000), what, version, SCHEDULER))
-    print(msg, file=sys.stderr, flush=True)
-    raise RuntimeError(msg)
+    refuse_patch("pd_bundle_store_wait", vllm_version(), "%s (the wait is written for vLLM 0.32's %s)" % (what, SCHEDULER),
+                 "set vllm_store_lookup_wait_ms: 0 for this vLLM and re-run site.yml",
+                 why="With %s=%d and no such attribute the wait would wait for 0 blocks and decodes would recompute "
+                     "prompts prefill had stored." % (WAIT_ENV, round(wait * 1000)))
 
 
 def check_scheduler(sched, wait):

@@ -23,3 +23,20 @@ def _register_module_utils():
 
 
 _register_module_utils()
+
+
+TOOLS = Path(__file__).resolve().parents[2] / 'plugins' / 'tools'
+
+
+def load_patch(name):
+    """plugins/tools/<name>.py as sitecustomize.py runs it: pd_bundle_import_hook.py's names (the import hook,
+    refuse_patch, vllm_version) defined above it."""
+    hook_spec = importlib.util.spec_from_file_location('pd_bundle_import_hook', TOOLS / 'pd_bundle_import_hook.py')
+    hook = importlib.util.module_from_spec(hook_spec)
+    hook_spec.loader.exec_module(hook)
+    spec = importlib.util.spec_from_file_location(name, TOOLS / ('%s.py' % name))
+    mod = importlib.util.module_from_spec(spec)
+    for shared in ('patch_on_import', 'refuse_patch', 'vllm_version'):
+        setattr(mod, shared, getattr(hook, shared))
+    spec.loader.exec_module(mod)
+    return mod

@@ -1,20 +1,13 @@
 """plugins/tools/pd_bundle_multi_metrics.py: MultiConnector's Prometheus metrics skip a child connector that has none
 (vLLM #43828), and refuse a vLLM whose metrics class lacks what the patch reads."""
-import importlib.util
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "plugins" / "tools" / "pd_bundle_multi_metrics.py"
-spec = importlib.util.spec_from_file_location("pd_bundle_multi_metrics", SRC)
-mm = importlib.util.module_from_spec(spec)
-_hook_spec = importlib.util.spec_from_file_location("pd_bundle_import_hook", SRC.parent / "pd_bundle_import_hook.py")
-_hook = importlib.util.module_from_spec(_hook_spec)
-_hook_spec.loader.exec_module(_hook)
-mm.patch_on_import = _hook.patch_on_import  # sitecustomize.py concatenates the hook above the module
-spec.loader.exec_module(mm)
+from conftest import load_patch
+
+mm = load_patch("pd_bundle_multi_metrics")
 sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "PatchOnImport"]
 
 

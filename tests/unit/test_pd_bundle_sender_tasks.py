@@ -1,20 +1,13 @@
 """The sender-tasks patch: a prefill serves each decode's KV request in its own task, so a stale request that waits
 out its timeout does not hold up the requests behind it; a connector that no longer fits refuses to start."""
 import asyncio
-import importlib.util
 import types
-from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "plugins" / "tools" / "pd_bundle_sender_tasks.py"
-spec = importlib.util.spec_from_file_location("pd_bundle_sender_tasks", SRC)
-st = importlib.util.module_from_spec(spec)
-_hook_spec = importlib.util.spec_from_file_location("pd_bundle_import_hook", SRC.parent / "pd_bundle_import_hook.py")
-_hook = importlib.util.module_from_spec(_hook_spec)
-_hook_spec.loader.exec_module(_hook)
-st.patch_on_import = _hook.patch_on_import  # sitecustomize.py concatenates the hook above the module
-spec.loader.exec_module(st)
+from conftest import load_patch
+
+st = load_patch("pd_bundle_sender_tasks")
 
 
 def connector_module():

@@ -1,19 +1,12 @@
 """The side-channel pin: a restarted prefill binds the same port, so decodes' cached address works."""
-import importlib.util
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "plugins" / "tools" / "pd_bundle_side_channel.py"
-spec = importlib.util.spec_from_file_location("pd_bundle_side_channel", SRC)
-sc = importlib.util.module_from_spec(spec)
-_hook_spec = importlib.util.spec_from_file_location("pd_bundle_import_hook", SRC.parent / "pd_bundle_import_hook.py")
-_hook = importlib.util.module_from_spec(_hook_spec)
-_hook_spec.loader.exec_module(_hook)
-sc.patch_on_import = _hook.patch_on_import  # sitecustomize.py concatenates the hook above the module
-spec.loader.exec_module(sc)
+from conftest import load_patch
+
+sc = load_patch("pd_bundle_side_channel")
 
 
 class FakeZmq:

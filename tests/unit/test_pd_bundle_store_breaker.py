@@ -1,22 +1,15 @@
 """The store tier fails open: a store client whose calls answer RPC_FAIL, raise or hang opens the breaker; while open
 every data call answers at once as Mooncake does with no master; a probe closes it when the store answers again; a
 mooncake.store that lacks what the breaker wraps refuses to start."""
-import importlib.util
 import threading
 import time
 import types
-from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "plugins" / "tools" / "pd_bundle_store_breaker.py"
-_hook_spec = importlib.util.spec_from_file_location("pd_bundle_import_hook", SRC.parent / "pd_bundle_import_hook.py")
-_hook = importlib.util.module_from_spec(_hook_spec)
-_hook_spec.loader.exec_module(_hook)
-spec = importlib.util.spec_from_file_location("pd_bundle_store_breaker", SRC)
-sb = importlib.util.module_from_spec(spec)
-sb.patch_on_import = _hook.patch_on_import  # sitecustomize.py concatenates the hook above the module
-spec.loader.exec_module(sb)
+from conftest import load_patch
+
+sb = load_patch("pd_bundle_store_breaker")
 
 
 class FakeStore:

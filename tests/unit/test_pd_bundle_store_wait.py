@@ -1,22 +1,15 @@
 """plugins/tools/pd_bundle_store_wait.py: decode retries a store lookup while the prompt's whole
 blocks are still being put by prefill, for a bounded time."""
 import importlib
-import importlib.util
 import re
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "plugins" / "tools" / "pd_bundle_store_wait.py"
-spec = importlib.util.spec_from_file_location("pd_bundle_store_wait", SRC)
-sw = importlib.util.module_from_spec(spec)
-_hook_spec = importlib.util.spec_from_file_location("pd_bundle_import_hook", SRC.parent / "pd_bundle_import_hook.py")
-_hook = importlib.util.module_from_spec(_hook_spec)
-_hook_spec.loader.exec_module(_hook)
-sw.patch_on_import = _hook.patch_on_import  # sitecustomize.py concatenates the hook above the module
-spec.loader.exec_module(sw)
+from conftest import load_patch
+
+sw = load_patch("pd_bundle_store_wait")
 sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "PatchOnImport"]
 
 

@@ -10,16 +10,21 @@ from ansible_collections.pd_bundle.serving.plugins.filter import timeout_budget 
 from .core import _cfgs, _truthy, _vllm_hosts, _vllm_pools, check, refuse
 
 
+def _pools_or_none(hostvars, groups):
+    """The fleet's normalized pools; None where vllm_pools is malformed (pools_valid's to refuse)."""
+    written, names = _vllm_pools(hostvars, groups)
+    try:
+        return _pools.normalize_pools(written if isinstance(written, list) else None, groups, names)
+    except Exception:  # noqa: BLE001 - a malformed vllm_pools is pools_valid's to refuse
+        return None
+
+
 @check('budget', scope='fleet')
 def timeout_budget_order(hostvars, host, groups, specs):
     """Each layer gives up after the one inside it: the entry and the router after decode's longest wait for KV
     (each router against its own pool's hosts), the canary within its interval and before the KV wait."""
     vllms = _cfgs(hostvars, _vllm_hosts(groups))
-    written, names = _vllm_pools(hostvars, groups)
-    try:
-        pools = _pools.normalize_pools(written if isinstance(written, list) else None, groups, names)
-    except Exception:  # noqa: BLE001 - a malformed vllm_pools is pools_valid's to refuse
-        pools = []
+    pools = _pools_or_none(hostvars, groups) or []
     routers = []
     for h, cfg in _cfgs(hostvars, groups.get('vllm_router') or []):
         mine = [p for p in pools if str(h) in p.get('routers', [])]
@@ -36,10 +41,8 @@ def canary_heal_pool(hostvars, host, groups, specs):
     """Healing on a pool with one prefill and one decode instance: the canary cannot tell a wedged instance from a
     broken path (no peer to compare with), so it would never heal; refused rather than left on for nothing. The
     switch is read on the pool's first router, the one that heals (roles/vllm_router/vars/main.yml)."""
-    written, names = _vllm_pools(hostvars, groups)
-    try:
-        pools = _pools.normalize_pools(written if isinstance(written, list) else None, groups, names)
-    except Exception:  # noqa: BLE001 - a malformed vllm_pools is pools_valid's to refuse
+    pools = _pools_or_none(hostvars, groups)
+    if pools is None:
         return []
     cfgs = dict(_cfgs(hostvars, groups.get('vllm_router') or []))
     out = []
