@@ -553,16 +553,37 @@ def canary_heals(state):
 BROKEN_LINE = re.compile(r"canary pool=\S+ (\S+ -> \S+): fail .*; (\d+) failed in a row\)")
 
 
-def canary_alarms(routers, since, failures):
-    """What the canary raised on a healthy lab before the cut: pairs that failed FAILURES canaries in a row (what
-    PDPairBroken fires on) and heals, from every router host's pd-canary journal since SINCE (epoch; 0: its whole
-    journal, the lab's life)."""
+def alarms_in(text, failures, exclude=()):
+    """From a pd-canary journal (journalctl -o short-unix): the pairs that failed FAILURES canaries in a row (what
+    PDPairBroken fires on) and the heal lines, leaving out the lines inside the (start, end) epochs of exclude (a
+    drill's own fault: a true alarm)."""
+    broken, heals = set(), []
+    for line in text.splitlines():
+        stamp, _, rest = line.partition(" ")
+        try:
+            t = float(stamp)
+        except ValueError:
+            continue
+        if any(start <= t <= end for start, end in exclude):
+            continue
+        m = BROKEN_LINE.search(rest)
+        if m and int(m.group(2)) >= failures:
+            broken.add(m.group(1))
+        if " heal: heal " in rest:
+            heals.append(rest.split(": ", 1)[-1][:200])
+    return broken, heals
+
+
+def canary_alarms(routers, since, failures, exclude=()):
+    """What the canary raised on a healthy lab: pairs broken and heals (alarms_in), from every router host's
+    pd-canary journal since SINCE (epoch; 0: its whole journal, the lab's life), outside the exclude windows."""
     broken, heals = set(), []
     for router in routers:
-        text = sh(router, "journalctl", "-u", "pd-canary", "--no-pager", "-o", "cat",
+        text = sh(router, "journalctl", "-u", "pd-canary", "--no-pager", "-o", "short-unix",
                   *(["--since", f"@{int(since)}"] if since else []), check=False).stdout
-        broken |= {f"{router}: {m.group(1)}" for m in BROKEN_LINE.finditer(text) if int(m.group(2)) >= failures}
-        heals += [f"{router}: {ln}" for ln in text.splitlines() if " heal: heal " in ln]
+        b, h = alarms_in(text, failures, exclude)
+        broken |= {f"{router}: {pair}" for pair in b}
+        heals += [f"{router}: {ln}" for ln in h]
     return sorted(broken), heals
 
 
@@ -865,6 +886,21 @@ def keep_master_journals(masters, since_epoch, out):
         print("\n".join(lines[:1] + lines[-25:]))
 
 
+def whole_run_alarms(routers, drills_json):
+    """Issue 44's goal 'no false alarm over the whole lab run': every router host's pd-canary journal since the lab
+    began holds no broken pair and no heal, but inside the partition drill's own window (its cut to its end: a true
+    alarm). Returns the exit code."""
+    report = json.loads(drills_json.read_text()) if drills_json.is_file() else {}
+    windows = [(r["kill_epoch"] - 5, r["end_epoch"]) for r in report.get("drills", []) if r.get("kind") == "partition"]
+    failures = int(canary_state(routers[0]).get("failures") or 3)
+    broken, heals = canary_alarms(routers, 0, failures, windows)
+    print(f"canary over the lab's run on {', '.join(routers)} (partition drill windows left out: {windows}): "
+          f"{len(broken)} pairs broken, {len(heals)} heals")
+    for line in broken + heals:
+        print(f"CANARY FALSE ALARM: {line}", file=sys.stderr)
+    return 1 if broken or heals else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     inv = LabInventory()
@@ -899,8 +935,13 @@ def main(argv=None):
                     help="run the gray-failure drills alone: masters down, etcd quorum lost, the partition")
     ap.add_argument("--canary-since", type=float, default=0,
                     help="epoch from which the canary must have raised no alarm before the cut (0: the lab's life)")
+    ap.add_argument("--canary-alarms", metavar="DRILLS_JSON", default=None,
+                    help="only check that no router's canary raised an alarm (a pair broken, a heal) over the lab's "
+                         "whole life, outside the partition drill's window in DRILLS_JSON (its report); exit 1 if any")
     ap.add_argument("--out", default="drills.json")
     args = ap.parse_args(argv)
+    if args.canary_alarms:
+        return whole_run_alarms(args.routers, Path(args.canary_alarms))
     prefills = list(inv.instances(["vllm_prefill"]))
     args.partition = args.partition or ":".join(map(str, prefills[-1]))
     # The pool's first router decides and heals (roles/vllm_router: the canary's heal config).

@@ -517,3 +517,30 @@ def test_partition_drill_reads_the_canary_and_fails_its_goals():
     assert "no canary passed" in drills.partition_problems(dict(ok, healed_s=None))[0]
     assert "raised alarms on a healthy lab" in drills.partition_problems(dict(ok, false_heals=["router1: x"]))[0]
     assert drills.FAILED_BOUND["partition"] == 0
+
+
+def test_canary_alarms_leave_out_only_the_drills_own_window():
+    """No false alarm over the lab's run: a pair failing 3 in a row, or a heal, outside the partition drill's window
+    is an alarm; inside it, or fewer failures in a row, is not."""
+    journal = "\n".join([
+        "1000.5 pd-canary[1]: canary pool=default prefill1/prefill0 -> decode1/decode0: fail in 8.00s (timeout; 2 failed in a row)",
+        "1010.5 pd-canary[1]: canary pool=default prefill1/prefill1 -> decode1/decode0: fail in 8.00s (timeout; 3 failed in a row)",
+        "1020.0 pd-canary[1]: canary pool=default heal: heal prefill1/prefill1: the pair is wedged",
+        "-- Boot --"])
+    broken, heals = drills.alarms_in(journal, 3)
+    assert broken == {"prefill1/prefill1 -> decode1/decode0"} and len(heals) == 1
+    assert drills.alarms_in(journal, 3, exclude=[(1005, 1030)]) == (set(), [])
+    assert drills.alarms_in(journal, 4) == (set(), heals)
+
+
+def test_store_outage_goals_fail_when_missed():
+    ok = {"drill": "masters down (60 s)", "store_hit_before": True, "store_hit_back_s": 12.0, "hit_goal_s": 60,
+          "store_hit_detail": "", "breaker": {}}
+    assert drills.store_outage_problems(ok) == []
+    assert "no store hit within 60 s" in drills.store_outage_problems(dict(ok, store_hit_back_s=None))[0]
+    assert "no store hit before" in drills.store_outage_problems(dict(ok, store_hit_before=False))[0]
+    # requests sent after the first STORE_GRACE_S must all succeed: bound 0 after recovery (failure_problems)
+    r = {"drill": "masters down", "host": "etcd1,etcd2", "kind": "masters down", "failed": 3, "bound": 4,
+         "failed_after_recovery": 1}
+    assert any("after recovery" in p for p in drills.failure_problems(r))
+    assert drills.failure_problems(dict(r, failed_after_recovery=0)) == []
