@@ -129,28 +129,44 @@ def store_wait_constant(name, tool='pd_bundle_store_wait.py'):
                 and [t.id for t in node.targets if isinstance(t, ast.Name)] == [name])
 
 
-def test_sender_tasks_are_active(host):
-    """P2P: every prefill instance whose env file asks for it (vllm_mooncake_sender_per_request) serves each decode's
-    KV request in its own task: its connector printed the patch's line in this run of its unit. A connector that
-    does not fit refuses to start instead (pd_bundle_sender_tasks.sender_check)."""
+def assert_patch_active(host, tool, env_const, line_const, wanted):
+    """Every prefill instance on host whose env file sets the patch's variable (env_const of tool) to a value wanted()
+    accepts printed the patch's line (line_const) in this run of its unit; returns how many were checked. A patch that
+    does not fit refuses to start instead, and one that is not hooked prints nothing: either fails here."""
     v = hvars(host)
     if not in_group(host, 'vllm_prefill') or not v.get('vllm_instances'):
         pytest.skip('no prefill instance on this host')
-    tool = 'pd_bundle_sender_tasks.py'
-    env_var, active, checked = store_wait_constant('SENDER_TASKS_ENV', tool), store_wait_constant('SENDER_ACTIVE', tool), 0
+    env_var, active, checked = store_wait_constant(env_const, tool), store_wait_constant(line_const, tool), 0
     for inst in v['vllm_instances']:
         name = inst['name']
-        env = host.file('/etc/vllm/%s.env' % name).content_string
-        if '%s=1' % env_var not in env.splitlines():
+        values = [ln.split('=', 1)[1] for ln in host.file('/etc/vllm/%s.env' % name).content_string.splitlines()
+                  if ln.startswith(env_var + '=')]
+        if not values or not wanted(values[-1]):
             continue
         invocation = host.check_output('systemctl show -p InvocationID --value vllm@%s' % name)
         log = run_as_root(host, 'journalctl _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager' % invocation)
         assert log.rc == 0, log.stderr[-500:]
-        assert active in log.stdout, 'vllm@%s sets %s=1 but its journal of this run has no %r line: not hooked' % (
-            name, env_var, active)
+        assert active in log.stdout, 'vllm@%s sets %s=%s but its journal of this run has no %r line: not hooked' % (
+            name, env_var, values[-1], active)
         checked += 1
-    if not checked:
+    return checked
+
+
+def test_sender_tasks_are_active(host):
+    """P2P: every prefill instance whose env file asks for it (vllm_mooncake_sender_per_request) serves each decode's
+    KV request in its own task: its connector printed the patch's line in this run of its unit. A connector that
+    does not fit refuses to start instead (pd_bundle_sender_tasks.sender_check)."""
+    if not assert_patch_active(host, 'pd_bundle_sender_tasks.py', 'SENDER_TASKS_ENV', 'SENDER_ACTIVE', lambda v: v == '1'):
         pytest.skip('no prefill instance here asks for the sender tasks')
+
+
+def test_store_tier_fails_open_is_active(host):
+    """The store tier: every prefill instance whose env file sets the breaker's bound (vllm_store_tier_timeout_ms)
+    wraps its store client: mooncake.store's import printed the breaker's line in this run of its unit. The drills
+    step proves what it does (masters down, etcd quorum lost: no failed request, reuse back by itself)."""
+    if not assert_patch_active(host, 'pd_bundle_store_breaker.py', 'BREAKER_ENV', 'BREAKER_ACTIVE',
+                               lambda v: v.isdigit() and int(v) > 0):
+        pytest.skip('no store-tier prefill instance here')
 
 
 def test_store_lookup_wait_is_active(host):
