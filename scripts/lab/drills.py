@@ -123,6 +123,8 @@ DOCKER = os.environ.get("DOCKER", "docker")
 # canary again (healed with no person).
 PARTITION_S = 40
 PARTITION_HEAL_GOAL_S = 120
+# The healer's canary runs this often during the partition drill (canary_every); the lab's own interval is 30 s.
+PARTITION_CANARY_S = 10
 # The net_cls class the cut instance's processes join (cgroup v1, as the lab's containers mount it), and its nft table.
 CUT_CLASSID = "0x00100001"
 CUT_TABLE = "pd_drill_cut"
@@ -587,6 +589,22 @@ def canary_alarms(routers, since, failures, exclude=()):
     return sorted(broken), heals
 
 
+DRILL_TIMER_DROPIN = "/run/systemd/system/pd-canary.timer.d/pd-drill.conf"
+
+
+def canary_every(host, seconds):
+    """Lab harness: the canary on HOST every SECONDS s for a drill (a runtime drop-in on its timer, gone at the next
+    boot), or back to its rendered interval (None). The lab runs it every 30 s, as production; the partition drill
+    wants a broken pair seen within 30 s and a healed one within its goal."""
+    if seconds:
+        sh(host, "bash", "-c", f"mkdir -p {DRILL_TIMER_DROPIN.rsplit('/', 1)[0]} && printf '[Timer]\\nOnUnitActiveSec=\\n"
+                               f"OnUnitActiveSec={int(seconds)}s\\n' > {DRILL_TIMER_DROPIN}")
+    else:
+        sh(host, "rm", "-f", DRILL_TIMER_DROPIN)
+    sh(host, "systemctl", "daemon-reload")
+    sh(host, "systemctl", "restart", "pd-canary.timer")
+
+
 def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s, routers=(), since=0):
     """The gray failure: one prefill instance's packets to one decode host dropped for cut_s, then restored; the
     pair must pass a canary again within heal_goal_s of the return, healed by the canary on HEALER (the pool's
@@ -595,6 +613,7 @@ def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s, routers=()
     dhost, dinst, _ = decode.split(":")
     pair = f"{host}/{inst}|{dhost}/{dinst}"
     lab.router_settled()
+    canary_every(healer, PARTITION_CANARY_S)
     before = canary_state(healer)
     ready = wait_for(lambda: canary_passed_since(canary_state(healer), pair, time.time() - 60), 60, step=2)
     heals_before = canary_heals(canary_state(healer))
@@ -617,6 +636,7 @@ def drill_partition(lab, prefill, decode, healer, cut_s, heal_goal_s, routers=()
         healed = wait_for(lambda: canary_passed_since(canary_state(healer), pair, back_epoch), heal_goal_s, step=2)
     finally:
         sh(healer, "python3", "-c", toggle, conf, "on" if heal_was else "off")
+        canary_every(healer, None)
     after = canary_state(healer)
     journal = sh(healer, "journalctl", "-u", "pd-canary", "--no-pager", "-o", "cat", "--since", f"@{int(cut_epoch)}",
                  check=False).stdout
