@@ -195,16 +195,21 @@ def unit_state(host, unit):
     return dict(line.split("=", 1) for line in out.split())
 
 
+def stamped_lines(text):
+    """(epoch, the rest of the line) of each line of `journalctl -o short-unix` text; lines without a stamp skipped."""
+    for line in text.splitlines():
+        stamp, _, rest = line.partition(" ")
+        try:
+            yield float(stamp), rest
+        except ValueError:
+            continue
+
+
 def vip_taken_from_journal(text, since_epoch, state="MASTER"):
     """The first "Entering <state> STATE" at or after since_epoch in `journalctl -o short-unix` text, or None.
     state may be a tuple: the first of any of them (BACKUP or FAULT: the host gave the VIP up)."""
     states = (state,) if isinstance(state, str) else tuple(state)
-    for line in text.splitlines():
-        stamp, _, rest = line.partition(" ")
-        try:
-            t = float(stamp)
-        except ValueError:
-            continue
+    for t, rest in stamped_lines(text):
         if t >= since_epoch and any(f"Entering {st} STATE" in rest for st in states):
             return t
     return None
@@ -561,12 +566,7 @@ def alarms_in(text, failures, exclude=()):
     PDPairBroken fires on) and the heal lines, leaving out the lines inside the (start, end) epochs of exclude (a
     drill's own fault: a true alarm)."""
     broken, heals = set(), []
-    for line in text.splitlines():
-        stamp, _, rest = line.partition(" ")
-        try:
-            t = float(stamp)
-        except ValueError:
-            continue
+    for t, rest in stamped_lines(text):
         if any(start <= t <= end for start, end in exclude):
             continue
         m = BROKEN_LINE.search(rest)
