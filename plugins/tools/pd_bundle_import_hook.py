@@ -34,6 +34,14 @@ def vllm_version():
     return "vLLM %s" % getattr(sys.modules.get("vllm"), "__version__", "unknown")
 
 
+def env_seconds(environ, name):
+    """A millisecond setting of the environment (a patch's switch and bound) in seconds; 0 when off or malformed."""
+    try:
+        return max(int(environ.get(name, "0")), 0) / 1000.0
+    except ValueError:
+        return 0.0
+
+
 def refuse_patch(patch, subject, what, fix, why=""):
     """The engine does not start: one line (stderr: the unit's journal) naming the patch, what it does not fit
     (subject, e.g. vllm_version()) and why, and the way out; then the exception."""

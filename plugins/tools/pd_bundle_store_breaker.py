@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-# patch_on_import, refuse_patch: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set them.
+# patch_on_import, refuse_patch, env_seconds: defined above this file in sitecustomize.py (pd_bundle_import_hook.py); unit tests set them.
 
 BREAKER_ENV = "PD_BUNDLE_STORE_BREAKER_MS"
 BREAKER_MODULE = "mooncake.store"
@@ -47,10 +47,7 @@ BREAKER_CLOSED = "pd-bundle: store breaker closed"
 
 def breaker_bound(environ=os.environ):
     """The lookup bound in seconds, 0 when off or malformed."""
-    try:
-        return max(int(environ.get(BREAKER_ENV, "0")), 0) / 1000.0
-    except ValueError:
-        return 0.0
+    return env_seconds(environ, BREAKER_ENV)
 
 
 def _failed(name, result):

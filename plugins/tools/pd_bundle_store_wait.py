@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-# patch_on_import, refuse_patch, vllm_version: defined above this file in sitecustomize.py (pd_bundle_import_hook.py);
+# patch_on_import, refuse_patch, vllm_version, env_seconds: defined above this file in sitecustomize.py (pd_bundle_import_hook.py);
 # unit tests set them.
 
 WAIT_ENV = "PD_BUNDLE_STORE_LOOKUP_WAIT_MS"
@@ -36,10 +36,7 @@ ACTIVE = "pd-bundle: store lookup wait active"
 
 def store_wait_seconds(environ=os.environ):
     """The wait in seconds, 0 when off or malformed."""
-    try:
-        return max(int(environ.get(WAIT_ENV, "0")), 0) / 1000.0
-    except ValueError:
-        return 0.0
+    return env_seconds(environ, WAIT_ENV)
 
 
 def wrap_lookup(original, wait, clock=time.monotonic):

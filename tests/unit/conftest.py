@@ -36,7 +36,7 @@ def load_patch(name):
     hook_spec.loader.exec_module(hook)
     spec = importlib.util.spec_from_file_location(name, TOOLS / ('%s.py' % name))
     mod = importlib.util.module_from_spec(spec)
-    for shared in ('patch_on_import', 'refuse_patch', 'vllm_version'):
+    for shared in ('patch_on_import', 'refuse_patch', 'vllm_version', 'env_seconds'):
         setattr(mod, shared, getattr(hook, shared))
     spec.loader.exec_module(mod)
     return mod
