@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import load_patch
 
 INFRA = Path(__file__).resolve().parents[1] / "infra"
 
@@ -467,12 +468,9 @@ class _DecodeHost:
 
 
 def _store_wait():
-    """plugins/tools/pd_bundle_store_wait.py, as the unit tests of the patch load it."""
-    spec = importlib.util.spec_from_file_location("pd_bundle_store_wait_constants",
-                                                  INFRA.parents[1] / "plugins" / "tools" / "pd_bundle_store_wait.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # no wait in this process's environment: it hooks nothing
-    return mod
+    """plugins/tools/pd_bundle_store_wait.py, as the unit tests of the patch load it (no wait in this process's
+    environment: it hooks nothing)."""
+    return load_patch("pd_bundle_store_wait")
 
 
 def test_store_lookup_wait_must_be_seen_active_in_the_decodes_journal():
