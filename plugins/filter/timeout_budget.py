@@ -8,7 +8,7 @@ that cannot work; preflight (plugins/plugin_utils/preflight/budget.py) refuses t
 - haproxy_seconds(value): an HAProxy time ('600s', '10m', '1h', '3000' = ms) in seconds; None when it does not parse
 - kv_wait_seconds(abort): decode's longest wait for one request's KV, from VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT
 - router_timeout_seconds(value): the router's effective request timeout (0: vllm-router's default)
-- budget_problems(entries, routers, vllms): [(var, host, problem, fix)] for each order that cannot work
+- budget_problems(entries, routers, vllms, prefills): [(var, host, problem, fix)] for each order that cannot work
 - bundle_timeout_budget(entry, router, vllm): the table's rows for one entry, router and vLLM host's settings
 """
 import re
@@ -68,10 +68,11 @@ def _slowest_kv(vllms):
     return max(waits, key=lambda w: w[2]) if waits else None
 
 
-def budget_problems(entries, routers, vllms):
+def budget_problems(entries, routers, vllms, prefills=()):
     """Orders that cannot work, as (var, host, problem, fix). entries: [(host, cfg)] of the entry hosts; routers:
-    [(host, cfg, pool vLLM hosts)] of the router hosts; vllms: [(host, cfg)] of the prefill and decode hosts. Values
-    of another type are the argument specs' to refuse, and are skipped here."""
+    [(host, cfg, pool vLLM hosts)] of the router hosts; vllms: [(host, cfg)] of the prefill and decode hosts; prefills:
+    the prefill hosts (the store tier's bound applies there only). Values of another type are the argument specs' to
+    refuse, and are skipped here."""
     out = []
     cfg_of = dict(vllms)
     slowest = _slowest_kv(vllms)
@@ -132,7 +133,27 @@ def budget_problems(entries, routers, vllms):
                             'KV wait, not by its own timeout, and a wedged pair would look slow instead of broken'
                             % (canary, host, wait, abort, vhost),
                             'lower vllm_router_canary_timeout below %d.' % wait))
+            store = _slowest_store(vllms, pool_hosts, prefills)
+            if store and canary <= store[1]:
+                shost, bound = store
+                out.append(('vllm_router_canary_timeout', host,
+                            'vllm_router_canary_timeout=%d on %s is not above the %s s a store-tier prefill may wait '
+                            'on the store before it skips it (vllm_store_tier_timeout_ms=%s on %s): while the store is '
+                            'out, every canary through that prefill would time out and its healthy pairs would be '
+                            'reported broken and healed' % (canary, host, bound, cfg_of[shost].get('vllm_store_tier_timeout_ms'),
+                                                            shost),
+                            'lower vllm_store_tier_timeout_ms below %d on %s, or raise vllm_router_canary_timeout above '
+                            '%s.' % (canary * 1000, shost, bound)))
     return out
+
+
+def _slowest_store(vllms, pool_hosts, prefills):
+    """(host, seconds) of the store-tier prefill host of the pool with the longest store bound (vllm_store_tier on,
+    vllm_store_tier_timeout_ms above 0); None without one."""
+    bounds = [(h, store_bound_seconds(cfg.get('vllm_store_tier_timeout_ms'))) for h, cfg in vllms
+              if h in pool_hosts and h in prefills and _bundle._truthy(cfg.get('vllm_store_tier'), False)]
+    bounds = [b for b in bounds if b[1]]
+    return max(bounds, key=lambda b: b[1]) if bounds else None
 
 
 def timeout_budget(entry, router, vllm):

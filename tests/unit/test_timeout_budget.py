@@ -74,7 +74,21 @@ REFUSED = {
                                'gpu-p1': {'vllm_mooncake_abort_request_timeout': 30},
                                'gpu-d1': {'vllm_mooncake_abort_request_timeout': 30}},
                               ['vllm_router_canary_timeout=100 on router-1 is not below the 90 s decode may wait for KV']),
+    # a canary through a store-tier prefill waits the store's bound first while the store is out
+    'canary_within_store_bound': ({'gpu-p1': {'vllm_store_tier': True, 'vllm_store_tier_timeout_ms': 10000}},
+                                  ['vllm_router_canary_timeout=10 on router-1 is not above the 10 s a store-tier prefill',
+                                   'vllm_store_tier_timeout_ms=10000 on gpu-p1',
+                                   'Fix: lower vllm_store_tier_timeout_ms below 10000 on gpu-p1, or raise '
+                                   'vllm_router_canary_timeout above 10']),
 }
+
+
+def test_the_store_bound_counts_on_store_tier_prefills_only():
+    assert budget({h: {'vllm_store_tier': True} for h in ('gpu-p1', 'gpu-d1')}) == []  # the default 2000 ms
+    assert budget({'gpu-p1': {'vllm_store_tier': True, 'vllm_store_tier_timeout_ms': 9500}}) == []
+    assert budget({'gpu-p1': {'vllm_store_tier': True, 'vllm_store_tier_timeout_ms': 0}}) == []  # no bound: no rule
+    assert budget({'gpu-p1': {'vllm_store_tier_timeout_ms': 60000}}) == []  # no store tier
+    assert budget({'gpu-d1': {'vllm_store_tier': True, 'vllm_store_tier_timeout_ms': 60000}}) == []  # a decode
 
 
 @pytest.mark.parametrize('case', sorted(REFUSED))

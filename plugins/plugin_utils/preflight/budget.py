@@ -22,7 +22,8 @@ def _pools_or_none(hostvars, groups):
 @check('budget', scope='fleet')
 def timeout_budget_order(hostvars, host, groups, specs):
     """Each layer gives up after the one inside it: the entry and the router after decode's longest wait for KV
-    (each router against its own pool's hosts), the canary within its interval and before the KV wait."""
+    (each router against its own pool's hosts), the canary within its interval and before the KV wait, and after
+    the store tier's bound on the pool's prefills."""
     vllms = _cfgs(hostvars, _vllm_hosts(groups))
     pools = _pools_or_none(hostvars, groups) or []
     routers = []
@@ -33,7 +34,8 @@ def timeout_budget_order(hostvars, host, groups, specs):
     entries = _cfgs(hostvars, groups.get('entry') or [])
     # Named on the host the variable is set on, and on the host it is checked on, as every fleet check's message.
     return [refuse(var, where, '%s (checked on %s)' % (problem, host), fix, whole=True)
-            for var, where, problem, fix in _budget.budget_problems(entries, routers, vllms)]
+            for var, where, problem, fix in _budget.budget_problems(entries, routers, vllms,
+                                                                      groups.get('vllm_prefill') or [])]
 
 
 @check('canary', scope='fleet')
