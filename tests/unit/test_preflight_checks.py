@@ -264,6 +264,12 @@ FAILING = {
                          "routers": ["router-1"]}]), None,
                     ["vllm_pools on ctl-1 puts gpu-p1/prefill1 (a prefill instance) in no pool",
                      "Fix: add gpu-p1 (or gpu-p1/prefill1) to a pool's prefill."]),
+    # the pool's model wins over the one set for the host: refused, not silently ignored (issue 45)
+    "pools_override": ("ctl-1", with_vars("gpu-p1", vllm_pools=[
+                           {"name": "chat", "model": "/srv/models/chat", "prefill": ["gpu-p1"], "decode": ["gpu-d1"],
+                            "routers": ["router-1"]}]), None,
+                       ['vllm_model="/srv/models/m" on gpu-p1 is ignored', "chat (model: \"/srv/models/chat\")",
+                        "Fix: remove vllm_model from the host_vars of gpu-p1", "vllm_pools[].model"]),
     "pd_engine_equal": ("ctl-1", with_vars("gpu-d1", vllm_served_model_name="x"), None,
                         ["Prefill and decode disagree on --served-model-name", '"x" on decode gpu-d1/decode0']),
     "pd_tp_layout": ("ctl-1", with_instance("gpu-d1", 0, gpus=[0, 1, 2], tensor_parallel_size=3), None,
@@ -710,6 +716,34 @@ def test_pools_of_different_models_pass_and_each_pool_is_checked_on_its_own():
     assert run("pd_tp_layout", tp3(), POOL_GROUPS) == []
     out = run("pd_tp_layout", tp3([]), POOL_GROUPS)
     assert out and "Tensor parallelism of prefill gpu-p1/prefill0" in out[0] and "decode gpu-d2/decode0" in out[0]
+
+
+def test_a_setting_a_pool_overrides_is_refused_where_the_host_sets_it_not_in_group_vars_all():
+    """pools_override: group_vars/all's value is the fleet default (every host has it, also the hosts of no vLLM
+    instance), never refused; a host's or a group's own value that its pools replace is."""
+    def fleet_inv(**per_host):
+        inv = pools_inv()
+        for h in inv:
+            inv[h].update(vllm_model="/srv/models/m", vllm_max_model_len=8192, vllm_served_model_name="m")
+        for h, values in per_host.items():
+            inv[h].update(values)
+        return inv
+    assert run("pools_override", fleet_inv(), POOL_GROUPS) == []
+    # a group's or host's own value: refused on that host only, naming the pool and what it sets
+    out = run("pools_override", fleet_inv(**{"gpu-d2": {"vllm_served_model_name": "small"}}), POOL_GROUPS)
+    assert len(out) == 1 and 'vllm_served_model_name="small" on gpu-d2 is ignored' in out[0], out
+    assert 'fast (served_model_name: "small")' in out[0] and "vllm_pools[].served_model_name" in out[0]
+    # a setting the pool leaves to the host is read there: not refused; once the pool sets it, refused
+    inv = fleet_inv(**{"gpu-d2": {"vllm_max_model_len": 4096, "vllm_model_revision": "r2"}})
+    assert run("pools_override", inv, POOL_GROUPS) == []
+    for h in inv:
+        inv[h]["vllm_pools"][1].update(settings={"vllm_max_model_len": 2048}, model_revision="r1")
+    out = run("pools_override", inv, POOL_GROUPS)
+    assert [m.split(" on ")[0] for m in out] == ['vllm_model_revision="r2"', "vllm_max_model_len=4096"], out
+    assert 'fast (model_revision: "r1")' in out[0] and "fast (settings.vllm_max_model_len: 2048)" in out[1]
+    # without pools every host's own values are read (one implicit pool): nothing to refuse
+    assert run("pools_override", fleet_inv(**{"gpu-d2": {"vllm_served_model_name": "small"}}) | {
+        h: dict(v, vllm_pools=[]) for h, v in fleet_inv().items()}, POOL_GROUPS) == []
 
 
 def test_a_pool_mistake_is_refused_with_the_variable_host_and_fix():

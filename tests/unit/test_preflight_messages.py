@@ -129,7 +129,7 @@ REGISTRATION_ORDER = [
     # fleet
     'kv_mode_consistent', 'kv_mode_store_master', 'kv_mode_store_tier_master', 'kv_mode_store_ssd_tier',
     'kv_mode_store_metadata', 'kv_mode_ha_metadata', 'fleet_addresses', 'fleet_engine_ids', 'router_overrides',
-    'pools_valid',
+    'pools_valid', 'pools_override',
     'pd_engine_equal', 'pd_tp_layout',
     # managed
     'managed_vllm_args', 'managed_vllm_env', 'managed_store_config', 'managed_router_args', 'managed_master_args',

@@ -173,6 +173,66 @@ def pools_valid(hostvars, host, groups, specs):
     return [refuse(var, host, problem, fix) for var, _, problem, fix in _pools.pool_problems(written, groups, names)]
 
 
+# What a model pool sets for every instance it names (plugins/filter/pools.py, templates/vllm/instance.env.j2): the
+# variable, the pool's key that wins over it, and whether the pool always sets it or only when it writes that key.
+# A host whose every instance serves in pools that set it never reads the host's own value (issue 45: no setting
+# silently ignored). The model and its source are the pools' on every host with a pooled instance (bundle_host_models).
+POOL_OVERRIDES = (('vllm_model', 'model', True), ('vllm_model_src', 'model_src', True),
+                  ('vllm_served_model_name', 'served_model_name', True),
+                  ('vllm_model_revision', 'model_revision', False),
+                  ('vllm_max_model_len', 'settings.vllm_max_model_len', False),
+                  ('vllm_extra_args', 'settings.vllm_extra_args', False))
+_MISSING = object()
+
+
+def _all_scope(hostvars, groups, var):
+    """VAR's value where group_vars/all sets it: the most common value among the hosts that run no vLLM instance
+    (a pooled host's own value that differs from it was set for that host or one of its groups); _MISSING when none
+    of them has it (all sets nothing, or there is no such host)."""
+    vllm = set(_vllm_hosts(groups)) | set(groups.get('vllm_spare') or [])
+    seen = [_j(hostvars[h][var]) for h in groups.get('all') or hostvars if h not in vllm and h in hostvars
+            and var in hostvars[h]]
+    return max(set(seen), key=seen.count) if seen else _MISSING
+
+
+@check('fleet', scope='fleet')
+def pools_override(hostvars, host, groups, specs):
+    """A model, served name, revision, max model length or extra arguments set for a host (its host_vars or a group
+    of it) whose every instance serves in model pools that set it themselves: the pools' value wins and the host's
+    is read nowhere. Refused rather than silently ignored; group_vars/all's value (the fleet default, also what a
+    spare host is provisioned with) is not one."""
+    written, names = _vllm_pools(hostvars, groups)
+    if not isinstance(written, list) or not all(isinstance(p, dict) for p in written) \
+            or _pools.pool_problems(written, groups, names):
+        return []  # no pools (one implicit pool: every host's own values), or pools_valid refuses them
+    pools = _pools.normalize_pools(written, groups, names)
+    out = []
+    for h in _vllm_hosts(groups):
+        if h not in hostvars or not names.get(h):
+            continue
+        mine = [(w, p) for w, p in zip(written, pools)
+                if any(str(mh) == str(h) for role in _pools.ROLES for mh, _ in p[role])]
+        if not mine or any(_pools.pool_of(pools, h, i) is None for i in names[h]):
+            continue  # an instance in no pool is pools_valid's
+        for var, key, always in POOL_OVERRIDES:
+            if var not in hostvars[h]:
+                continue
+            value, base = hostvars[h][var], _all_scope(hostvars, groups, var)
+            if base is not _MISSING and _j(value) == base:
+                continue
+            top, _, sub = key.partition('.')
+            if not always and not all(sub in (w.get(top) or {}) if sub else top in w for w, _ in mine):
+                continue  # a pool of this host leaves it to the host: the host's value is read there
+            winning = ', '.join('%s (%s: %s)' % (p['name'], key, _j(p[top] if always else (w[top][sub] if sub else w[top])))
+                                for w, p in mine)
+            out.append(refuse(var, h, 'is ignored: every instance of %s serves in a model pool that sets it itself, '
+                              'and the pool wins: %s (checked on %s)' % (h, winning, host),
+                              'remove %s from the host_vars of %s and the group_vars of its groups (group_vars/all '
+                              'may keep the fleet default), or set it in the pool: vllm_pools[].%s.' % (var, h, key),
+                              value=value))
+    return out
+
+
 # --- prefill/decode consistency (fleet): what KV shape and request length depend on ---------------------
 
 def _pool_cfg(cfg, pool):
