@@ -96,3 +96,20 @@ def test_a_broken_link_is_found(tmp_path):
                                              ("### `vllm_model`: a path", "vllm_model-a-path")])
 def test_slug_is_githubs(heading, anchor):
     assert slug(heading.lstrip("#")) == anchor
+
+
+def test_readme_is_a_short_front_page_with_the_picture():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    assert "```mermaid" in readme
+    order = ["```mermaid", "## Quick start", "## Tests", "## Deploying", "## Day 2", "## Documentation"]
+    assert [readme.index(s) for s in order] == sorted(readme.index(s) for s in order)
+
+
+def test_every_doc_says_whom_it_is_for_and_is_in_the_index():
+    index = (REPO / "docs" / "README.md").read_text()
+    for doc in sorted((REPO / "docs").glob("*.md")):
+        lines = doc.read_text().splitlines()
+        assert lines[0].startswith("# ") and lines[2].startswith("For: "), doc.name
+        if doc.name != "README.md":
+            assert "(%s)" % doc.name in index, "%s is not in docs/README.md" % doc.name

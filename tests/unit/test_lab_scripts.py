@@ -396,8 +396,9 @@ def test_lab_info_prints_the_entry_url_and_a_curl_with_a_key_it_reads_not_prints
     # README.md's first screen shows the same lines, and no key.
     readme = (REPO / "README.md").read_text()
     assert block in textwrap.dedent(_block(readme, "KEY=")), "README.md's curl differs from lab-info.sh's"
-    head = "\n".join(readme.splitlines()[:25])
-    assert "KEY=" in head and "curl " in head and url in head
+    # ... in its quick start, the first section after the picture (issue 46's order)
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert "KEY=" in quick and "curl " in quick and url in quick
     assert not any(k in readme for k in keys.values())
 
 
