@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Run a command in the CPU the rest of the machine leaves idle, for work that times nothing (make test runs the
-# preflight, render and core-range tests this way beside the RDMA lab). nice alone does not do it: with autogroup
+# preflight, render and core-range tests this way beside the docker lab). nice alone does not do it: with autogroup
 # scheduling (kernel.sched_autogroup_enabled=1, Debian's default) nice only ranks the processes of one session
 # against each other, and every session weighs the same. So, where the kernel has it (5.15+, cgroup v1 or v2), the
 # command runs in a cgroup of its own marked cpu.idle: it runs only when nothing else wants the CPU. Elsewhere it gets
 # a session of its own (setsid) whose group has nice 19 (/proc/self/autogroup). Always nice 19 and idle IO (ionice -c3).
 # Measured on the lab (2 cores, 12 completions through one vLLM instance, 5.0-6.2 s alone): 7.8-10.9 s beside the
 # static tier in a nice-19 autogroup, 5.1-10.0 s beside it in a cpu.idle cgroup. vLLM's threads wait on each other,
-# so any co-runner slows them: this is for work beside the RDMA lab, not beside the docker lab's vLLM instances.
+# so a co-runner still costs them something: the lab's goals are bounds with room, and the tier is done early in it.
 #   scripts/background.sh COMMAND [ARGS...]
 set -euo pipefail
 join_idle_cgroup() {
