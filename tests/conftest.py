@@ -29,13 +29,6 @@ def ansible_bin(name):
     return str(cand) if cand.exists() else name
 
 
-def timeout_s(seconds):
-    """A subprocess's time limit: SECONDS, times 6 when the tier runs in the background (make test: scripts/background.sh
-    sets PD_BACKGROUND_SESSION), where it gets only the CPU the docker lab leaves idle and may wait minutes for it.
-    A limit is a guard against a hang, never a goal: these tests time nothing."""
-    return seconds * (6 if os.environ.get('PD_BACKGROUND_SESSION') else 1)
-
-
 def render(inventory, out_dir, extra_vars=None):
     cmd = [ansible_bin('ansible-playbook'), 'playbooks/render.yml', '-i', str(inventory),
            '-e', 'render_dir=%s' % out_dir]
@@ -43,7 +36,7 @@ def render(inventory, out_dir, extra_vars=None):
         cmd += ['-e', json.dumps(extra_vars)]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
                ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASS_TEST_ONLY))
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s(600))
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
 def parse_env_file(path):
@@ -101,7 +94,7 @@ def run_as_printed(argv, timeout=900):
     argv = [ansible_bin('ansible-playbook')] + list(argv[1:])
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1')
     env.pop('ANSIBLE_VAULT_PASSWORD_FILE', None)
-    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s(timeout))
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope='session')

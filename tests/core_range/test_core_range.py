@@ -18,7 +18,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / 'tests'))
-from conftest import VAULT_PASS_TEST_ONLY, render_manifest, timeout_s  # noqa: E402
+from conftest import VAULT_PASS_TEST_ONLY, render_manifest  # noqa: E402
 
 # Each end's pin: its own requirements file (the newest end is the project's).
 END_PINS = {'oldest': 'requirements-oldest-core.txt', 'newest': 'requirements.txt'}
@@ -87,12 +87,12 @@ def test_installed_collection_renders_prod_byte_identically():
         run = tmp / 'run'
         run.mkdir()
         build = subprocess.run([str(bindir / 'ansible-galaxy'), 'collection', 'build', '--output-path', str(tmp), str(REPO)],
-                               cwd=run, env=env, capture_output=True, text=True, timeout=timeout_s(300))
+                               cwd=run, env=env, capture_output=True, text=True, timeout=300)
         assert build.returncode == 0, build.stdout + build.stderr
         tarball = tmp / ('%s-%s-%s.tar.gz' % (ns, name, version))
         inst = subprocess.run([str(bindir / 'ansible-galaxy'), 'collection', 'install', '--no-deps', '-p',
                                str(tmp / 'collections'), str(tarball)],
-                              cwd=run, env=env, capture_output=True, text=True, timeout=timeout_s(300))
+                              cwd=run, env=env, capture_output=True, text=True, timeout=300)
         assert inst.returncode == 0, inst.stdout + inst.stderr
         installed = tmp / 'collections' / 'ansible_collections' / ns / name
         # The tarball carries what runs against a fleet, not the labs and tests (galaxy.yml build_ignore).
@@ -111,7 +111,7 @@ def test_installed_collection_renders_prod_byte_identically():
         out = tmp / 'render'
         res = subprocess.run([str(bindir / 'ansible-playbook'), '%s.%s.render' % (ns, name),
                               '-i', str(REPO / 'inventory' / 'prod'), '-e', 'render_dir=%s' % out],
-                             cwd=run, env=env, capture_output=True, text=True, timeout=timeout_s(900))
+                             cwd=run, env=env, capture_output=True, text=True, timeout=900)
         assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
         got = render_manifest(out)
     want = (REPO / 'tests' / 'render' / 'prod-render.sha256').read_text()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import apply_patch, timeout_s
+from conftest import apply_patch
 
 REPO = Path(__file__).resolve().parents[2]
 PROD = REPO / 'inventory' / 'prod'
@@ -37,7 +37,7 @@ def run_render(inv, render_dir, tags=None):
                ANSIBLE_VAULT_PASSWORD_FILE=str(REPO / 'tests' / 'fixtures' / 'vault-pass-TEST-ONLY'))
     cmd = [_ansible_playbook(), 'playbooks/render.yml', '-i', str(inv), '-e', 'render_dir=%s' % render_dir]
     cmd += ['--tags', tags] if tags else []
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s(300))
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
 def failures(stdout):

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (REPO, VAULT_PASS_TEST_ONLY, ansible_bin, command_line, expand_exec, parse_env_file, timeout_s,
-                      unit_exec_start)
+from conftest import REPO, VAULT_PASS_TEST_ONLY, ansible_bin, command_line, expand_exec, parse_env_file, unit_exec_start
 
 # Exposure thresholds for `systemd-analyze security --offline=true` (0 = locked down, 10 = unsafe).
 # vLLM gets more room: CUDA/torch JIT needs writable-executable memory, and it needs GPU/RDMA devices.
@@ -571,7 +570,7 @@ def test_render_mode_refuses_what_systemd_ignores(tmp_path):
            '--tags', 'preflight,vllm', '--limit', 'gpu-d1']
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
                ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASS_TEST_ONLY))
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s(600))
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode != 0
     assert 'StateDirectory= path is absolute, ignoring: /srv/vllm' in res.stdout + res.stderr
     assert not list(out.glob('*/etc/systemd/system/vllm@.service'))

@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 
-from conftest import REPO, VAULT_PASS_TEST_ONLY, ansible_bin, timeout_s
+from conftest import REPO, VAULT_PASS_TEST_ONLY, ansible_bin
 
 SYSFS = REPO / 'tests' / 'fixtures' / 'sysfs' / 'dgx_8gpu_8ib'
 
@@ -45,7 +45,7 @@ def test_tags_vllm_renders_the_env_files_of_a_full_run(tmp_path, prod_render):
     full, only_vllm = tmp_path / 'full', tmp_path / 'only-vllm'
     procs = [_start(inv, full), _start(inv, only_vllm, '--tags', 'vllm')]  # 2 cores: run side by side
     for p in procs:
-        out, _ = p.communicate(timeout=timeout_s(600))
+        out, _ = p.communicate(timeout=600)
         assert p.returncode == 0, out[-4000:]
 
     got_full, got_vllm, want = _env_files(full), _env_files(only_vllm), _env_files(prod_render)
