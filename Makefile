@@ -147,7 +147,8 @@ lab-pools: venv
 lab-partition: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/drills.py --partition-only --out lab-results/partition.json
 
-# Issue 44's gray failures: both masters down and etcd quorum lost (also in the drills step), then the partition (alone only).
+# Issue 44's gray failures, alone only (not in the drills step: docs/reliability.md): both masters down, etcd quorum lost,
+# then the partition.
 lab-gray: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/drills.py --gray-only --out lab-results/gray.json
 
