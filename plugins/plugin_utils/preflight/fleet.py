@@ -206,18 +206,18 @@ def pools_override(hostvars, host, groups, specs):
             or _pools.pool_problems(written, groups, names):
         return []  # no pools (one implicit pool: every host's own values), or pools_valid refuses them
     pools = _pools.normalize_pools(written, groups, names)
+    bases = {var: _all_scope(hostvars, groups, var) for var, _, _ in POOL_OVERRIDES}
     out = []
     for h in _vllm_hosts(groups):
         if h not in hostvars or not names.get(h):
             continue
-        mine = [(w, p) for w, p in zip(written, pools)
-                if any(str(mh) == str(h) for role in _pools.ROLES for mh, _ in p[role])]
+        mine = [(w, p) for w, p in zip(written, pools) if str(h) in _pools.pool_hosts(p)]
         if not mine or any(_pools.pool_of(pools, h, i) is None for i in names[h]):
             continue  # an instance in no pool is pools_valid's
         for var, key, always in POOL_OVERRIDES:
             if var not in hostvars[h]:
                 continue
-            value, base = hostvars[h][var], _all_scope(hostvars, groups, var)
+            value, base = hostvars[h][var], bases[var]
             if base is not _MISSING and _j(value) == base:
                 continue
             top, _, sub = key.partition('.')
