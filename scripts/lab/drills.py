@@ -466,6 +466,26 @@ def drill_entry_stop(lab, unit, kind, goal_s):
     return r
 
 
+def docker_pause(host, on, tries=5):
+    """docker pause (on) or unpause HOST, retried: runc's cgroup-v1 freezer gives up ("unable to freeze") when a
+    process of the container sits in an uninterruptible sleep at that instant, which a busy host meets now and then
+    (stop 49's CI: one failed pause ended the run). A try that fails leaves the container running (runc thaws it), so
+    trying again is safe; the last failure raises with docker's own words."""
+    want, err = ("true" if on else "false"), ""
+    for attempt in range(tries):
+        res = subprocess.run([DOCKER, "pause" if on else "unpause", host], capture_output=True, text=True,
+                             timeout=60, check=False)
+        if res.returncode == 0:
+            return attempt
+        err = res.stderr.strip()[:300]
+        state = subprocess.run([DOCKER, "inspect", "-f", "{{.State.Paused}}", host], capture_output=True, text=True,
+                               timeout=60, check=False).stdout.strip()
+        if state == want:  # the daemon did it although the call reported an error
+            return attempt
+        time.sleep(1)
+    raise RuntimeError(f"docker {'pause' if on else 'unpause'} {host} failed {tries} times: {err}")
+
+
 def drill_entry_freeze(lab, freeze_s, watch_s, goal_s):
     """The entry host that holds the VIP frozen for freeze_s (docker pause freezes every process in it, as a hung
     kernel or a stalled hypervisor does), then resumed, while a paced load (load.OpenLoop: the official SDK, one
@@ -485,13 +505,18 @@ def drill_entry_freeze(lab, freeze_s, watch_s, goal_s):
     paced = load.OpenLoop(lab.router, lab.model, lab.key, every=0.5, timeout=60, tag="freeze").start()
     time.sleep(5)  # the client's pool holds warm connections to the holder, as a long-running client's does
     before = time.time()
-    subprocess.run([DOCKER, "pause", holder], check=True, capture_output=True, timeout=60)
+    try:
+        r["pause_retries"] = docker_pause(holder, True)
+    except RuntimeError as exc:
+        paced.stop()
+        r.update(end_epoch=time.time(), error=str(exc))
+        return r
     t0, freeze_epoch = time.monotonic(), time.time()
     try:
         moved = wait_for(lambda: any(lab.holds_vip(h) for h in others), freeze_s, step=0.1)
         time.sleep(max(0.0, freeze_s - (time.monotonic() - t0)))
     finally:
-        subprocess.run([DOCKER, "unpause", holder], check=True, capture_output=True, timeout=60)
+        docker_pause(holder, False)
     resume_epoch = time.time()
     holders, end = [], time.monotonic() + watch_s
     while time.monotonic() < end:

@@ -545,3 +545,36 @@ def test_store_outage_goals_fail_when_missed():
          "failed_after_recovery": 1}
     assert any("after recovery" in p for p in drills.failure_problems(r))
     assert drills.failure_problems(dict(r, failed_after_recovery=0)) == []
+
+
+def _fake_docker(tmp_path, fail_pauses):
+    """A docker stand-in: `pause` fails FAIL_PAUSES times as runc's freezer does under load, then succeeds."""
+    count, state = tmp_path / "count", tmp_path / "paused"
+    count.write_text("0")
+    state.write_text("false")
+    exe = tmp_path / "docker"
+    exe.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$1" in
+          pause) n=$(cat {count}); echo $((n + 1)) > {count}
+                 if [ "$n" -lt {fail_pauses} ]; then echo "unable to freeze" >&2; exit 1; fi
+                 echo true > {state};;
+          unpause) echo false > {state};;
+          inspect) cat {state};;
+        esac
+        """))
+    exe.chmod(0o755)
+    return str(exe), count
+
+
+def test_docker_pause_retries_a_freezer_that_gives_up_and_names_the_last_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(drills.time, "sleep", lambda s: None)
+    exe, count = _fake_docker(tmp_path, 2)
+    monkeypatch.setattr(drills, "DOCKER", exe)
+    assert drills.docker_pause("entry2", True) == 2
+    assert drills.docker_pause("entry2", False) == 0
+    exe, count = _fake_docker(tmp_path, 99)
+    monkeypatch.setattr(drills, "DOCKER", exe)
+    with pytest.raises(RuntimeError, match="pause entry2 failed 5 times: unable to freeze"):
+        drills.docker_pause("entry2", True)
+    assert count.read_text().strip() == "5"
