@@ -3,6 +3,7 @@
 Pure functions (no Ansible state), unit-tested in tests/unit/test_preflight_filter.py.
 
 - preflight_effective:        a host's effective settings = every role's literal defaults, overridden by the inventory
+- preflight_effective_all:    the same for each of a list of hosts ({host: settings}), in one task
 - preflight_port_conflicts:   per-host table of fixed ports -> messages for collisions and ports inside the engine range
 - preflight_endpoint_conflicts: fleet-wide (ip, port) duplicates of vLLM instances
 - preflight_router_override_errors: vllm_router_prefill_urls / _decode_urls entries that match no known instance
@@ -19,7 +20,10 @@ Pure functions (no Ansible state), unit-tested in tests/unit/test_preflight_filt
                               ({role, file, groups, options}) for the checks (plugins/plugin_utils/preflight/)
 - preflight_spec_failures:    a failed validate_argument_spec loop as one message per refused variable (its host, value,
                               the declared type/choices and the fix)
+- preflight_spec_errors:      every host's inventory values against the specs of the roles it runs (what
+                              validate_argument_spec checks, by the same validator), as spec_failures' messages
 """
+import copy
 import glob
 import ipaddress
 import json
@@ -74,6 +78,12 @@ def effective(host_vars, defaults):
         except Exception:  # undefined reference inside an inventory template
             out.pop(key, None)
     return out
+
+
+def effective_all(hostvars, hosts, defaults):
+    """{host: effective(hostvars[host], defaults)} for hosts (the play's): the preflight play loads every host's
+    settings in one run-once task instead of one worker per host."""
+    return {h: effective(hostvars[h], defaults) for h in hosts or []}
 
 
 def is_intlike(value):
@@ -294,7 +304,6 @@ _TYPE_FIXES = {'bool': 'true or false (unquoted)', 'dict': 'a YAML mapping (name
 
 def _spec_errors(opt, value):
     """The errors of Ansible's own argument spec validator (what validate_argument_spec runs) for value."""
-    import copy
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
     return ArgumentSpecValidator({'value': copy.deepcopy(dict(opt))}).validate({'value': value}).error_messages
 
@@ -379,9 +388,57 @@ def spec_failures(failed_result, host=None, host_vars=None):
             except Exception:  # noqa: BLE001 - no validator, or a value that cannot be templated: the raw errors
                 continue
         errors = res.get('argument_errors') or [res.get('msg', '')]
-        out += named or ['role %s (%s)%s: %s. Fix: give each named variable what the spec declares (the role\'s '
-                         'README lists the variables).' % (item.get('role', '?'), where, ' on %s' % host if host else '',
+        out += named or ['role %s (%s)%s: %s. Fix: give each named variable what the spec declares (docs/variables.md '
+                         'lists every variable).' % (item.get('role', '?'), where, ' on %s' % host if host else '',
                                                            '; '.join(str(e) for e in errors))]
+    return out
+
+
+def _plain(value):
+    """value with every mapping a dict and every list a list (no lazy container of the templating engine left)."""
+    if isinstance(value, dict) or hasattr(value, 'items'):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _runs(spec, group_names):
+    groups = list(spec.get('groups') or [])
+    return 'all' in groups or any(g in group_names for g in groups)
+
+
+def spec_errors(hostvars, hosts, specs, own='preflight'):
+    """Every host's inventory values checked against the main argument spec of each role it runs (a spec's groups;
+    'all': every host), except the preflight role's own (checked as the role starts): the values the spec names that
+    the host sets, by ansible-core's ArgumentSpecValidator (the public class validate_argument_spec runs). One
+    message per refused variable (spec_failures). One run-once task, where a validate_argument_spec loop cost one
+    worker per host and role."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    # Plain copies, once: a fact's containers are lazy templates under ansible-core 2.19, and deep-copying one per
+    # host and role cost minutes.
+    specs = [(spec, _plain(spec.get('options') or {})) for spec in specs or [] if spec.get('role') != own]
+    out = []
+    for host in hosts or []:
+        hv = hostvars[host]
+        group_names = list(hv.get('group_names') or [])
+        for spec, plain in specs:
+            if not _runs(spec, group_names):
+                continue
+            options, values, errors = plain, {}, []
+            for k in options:
+                if k not in hv:
+                    continue
+                try:
+                    values[k] = _plain(hv[k])
+                except Exception as exc:  # noqa: BLE001 - a template of the inventory that cannot be resolved
+                    errors.append('%s cannot be templated (%s)' % (k, exc))
+            if errors:  # validate_argument_spec failed on the same templating: the role's errors, raw
+                out += spec_failures({'failed': True, 'argument_errors': errors, 'item': spec}, host, None)
+                continue
+            errors = ArgumentSpecValidator(copy.deepcopy(options)).validate(values).error_messages
+            if errors:
+                out += spec_failures({'failed': True, 'argument_errors': errors, 'item': spec}, host, hv)
     return out
 
 
@@ -457,6 +514,8 @@ class FilterModule(object):
     def filters(self):
         return {
             'preflight_effective': effective,
+            'preflight_effective_all': effective_all,
+            'preflight_spec_errors': spec_errors,
             'preflight_port_conflicts': port_conflicts,
             'preflight_endpoint_conflicts': endpoint_conflicts,
             'preflight_router_override_errors': router_override_errors,

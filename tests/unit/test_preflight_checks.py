@@ -790,3 +790,22 @@ def test_a_pool_model_gets_the_model_checks_on_its_hosts_only():
     out = pc.sandbox.sandbox_pool_models(cfg, "gpu-d1", GROUPS, SPECS)
     assert len(out) == 1 and 'vllm_pools[1].model="/home/b" on gpu-d1 is under /home' in out[0], out
     assert pc.sandbox.sandbox_pool_models(cfg, "gpu-p2", GROUPS, SPECS) == []
+
+
+def test_the_run_once_forms_give_the_per_host_messages():
+    """preflight_hosts_errors over {host: cfg} is host_errors of each; fleet_errors with cfgs beside hostvars (the
+    play loads every host's settings once) is fleet_errors over hostvars that carry them."""
+    hv = fleet(with_vars("gpu-p1", common_host_ip="gpu-p1.example.com"))
+    cfgs = {h: v["_preflight_cfg"] for h, v in hv.items()}
+    per_host = [m for h in cfgs for m in pc.host_errors(cfgs[h], h, GROUPS, SPECS, [])]
+    assert per_host and pc.hosts_errors(cfgs, GROUPS, SPECS, []) == per_host
+    bare = {h: {k: x for k, x in v.items() if k != "_preflight_cfg"} for h, v in hv.items()}
+    bad = fleet(with_instance("gpu-d1", 0, engine_id="gpu-p1-prefill0"))
+    bare_bad = {h: {k: x for k, x in v.items() if k != "_preflight_cfg"} for h, v in bad.items()}
+    cfgs_bad = {h: v["_preflight_cfg"] for h, v in bad.items()}
+    want = pc.fleet_errors(bad, GROUPS, SPECS, [], "ctl-1")
+    assert want and pc.fleet_errors(bare_bad, GROUPS, SPECS, [], "ctl-1", None, cfgs_bad) == want
+    assert pc.fleet_errors(bare, GROUPS, SPECS, [], "ctl-1", None, {}) == []  # no host loaded: nothing to check
+    view = pc.runner._HostvarsWithCfgs(bare, {"gpu-d1": {"a": 1}})
+    assert view["gpu-d1"]["_preflight_cfg"] == {"a": 1} and view["gpu-d1"]["ansible_host"] == "10.0.1.31"
+    assert "_preflight_cfg" not in view["gpu-p1"] and len(view) == len(bare) and set(view["gpu-d1"]) >= {"ansible_host"}

@@ -152,7 +152,7 @@ def test_spec_failures_name_role_file_and_errors():
         {"failed": True, "item": {"role": "vllm", "file": "roles/vllm/meta/argument_specs.yml"},
          "argument_errors": ["x is not int", "y missing"]},
         {"failed": True, "item": {"role": "etcd", "file": "roles/etcd/meta/argument_specs.yml"}, "msg": "boom"}]}
-    fix = " Fix: give each named variable what the spec declares (the role's README lists the variables)."
+    fix = " Fix: give each named variable what the spec declares (docs/variables.md lists every variable)."
     assert pf.spec_failures(failed) == [
         "role vllm (roles/vllm/meta/argument_specs.yml): x is not int; y missing." + fix,
         "role etcd (roles/etcd/meta/argument_specs.yml): boom." + fix]
@@ -211,7 +211,7 @@ def test_spec_failures_name_the_instance_and_its_key():
 def test_spec_failures_fall_back_on_the_raw_errors():
     """Nothing the spec refuses among the host's values (a value that could not be templated): the raw errors."""
     assert _spec_failed({"x_name": "fine"}) == ["role x (%s) on h1: raw. Fix: give each named variable what the spec "
-                                                "declares (the role's README lists the variables)." % SPEC_FILE]
+                                                "declares (docs/variables.md lists every variable)." % SPEC_FILE]
 
 
 def test_example_secrets_refused_and_own_secrets_pass(tmp_path):
@@ -245,3 +245,38 @@ def test_prod_inventory_as_shipped_holds_an_example_secret():
     as shipped is refused (render mode is not)."""
     msgs = pf.example_secrets([os.path.join(REPO, 'inventory', 'prod')])
     assert msgs and 'vault-pass-TEST-ONLY' in msgs[0]
+
+
+class _Unresolvable(dict):
+    """hostvars[host] whose x_name is a template that cannot be resolved (it raises on access, as HostVarsVars does)."""
+
+    def __getitem__(self, key):
+        if key == "x_name":
+            raise ValueError("'x_base' is undefined")
+        return dict.__getitem__(self, key)
+
+
+def test_spec_errors_check_each_host_against_the_roles_it_runs_in_one_call():
+    specs = [{"role": "x", "file": SPEC_FILE, "groups": ["gx"], "options": SPEC_OPTIONS},
+             {"role": "preflight", "file": "own", "groups": ["all"], "options": {"x_port": {"type": "bool"}}}]
+    hostvars = {"h1": {"group_names": ["gx"], "x_port": "80a", "x_name": "fine"},
+                "h2": {"group_names": ["other"], "x_port": "80a"},  # does not run role x
+                "h3": {"group_names": ["gx"], "x_port": 8080}}
+    assert pf.spec_errors(hostvars, ["h1", "h2", "h3"], specs) == [
+        'x_port="80a" on h1 is not an integer (%s declares type: int). Fix: set x_port to an integer, e.g. 8000.'
+        % SPEC_FILE]  # and not the preflight role's own spec (checked as that role starts)
+    assert pf.spec_errors(hostvars, ["h2", "h3"], specs) == []  # a --limit leaves h1 out
+    specs[0]["groups"] = ["all"]
+    assert [m.split(" is ")[0] for m in pf.spec_errors(hostvars, ["h1", "h2"], specs)] == [
+        'x_port="80a" on h1', 'x_port="80a" on h2']
+    bad = {"h1": _Unresolvable(group_names=["gx"], x_name="{{ x_base }}/n")}
+    assert pf.spec_errors(bad, ["h1"], specs) == [
+        "role x (%s) on h1: x_name cannot be templated ('x_base' is undefined). Fix: give each named variable what "
+        "the spec declares (docs/variables.md lists every variable)." % SPEC_FILE]
+
+
+def test_effective_all_is_effective_per_host():
+    hostvars = {"h1": {"x_port": 1}, "h2": {}}
+    defaults = {"x_port": 8000, "x_dir": "{{ x_base }}/d"}
+    assert pf.effective_all(hostvars, ["h2", "h1"], defaults) == {"h2": {"x_port": 8000}, "h1": {"x_port": 1}}
+    assert pf.effective_all(hostvars, [], defaults) == {}

@@ -189,6 +189,7 @@ def test_the_filter_plugin_runs_the_package():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.FilterModule().filters() == {'preflight_host_errors': pc.host_errors,
+                                            'preflight_hosts_errors': pc.hosts_errors,
                                             'preflight_fleet_errors': pc.fleet_errors,
                                             'preflight_checks_of': pc.checks_of}
     assert [c['id'] for c in pc.CHECKS] == REGISTRATION_ORDER

@@ -16,8 +16,8 @@ checks build them with refuse(), which refuses a message without one of the thre
 (tests/unit/test_preflight_messages.py proves that no check formats its own).
 The tasks of roles/preflight only call the two filters and assert that the list is empty:
 
-- preflight_host_errors(cfg, host, groups, specs, skip):  every per-host check, for one host
-- preflight_fleet_errors(hostvars, groups, specs, skip, host, phase): the whole-inventory checks, run once
+- preflight_hosts_errors(cfgs, groups, specs, skip):  every per-host check, for every host ({host: cfg}), run once
+- preflight_fleet_errors(hostvars, groups, specs, skip, host, phase, cfgs): the whole-inventory checks, run once
 
 Inputs are plain data:
 - cfg:      a host's effective settings (_preflight_cfg: the roles' defaults overlaid by the inventory)
@@ -29,16 +29,17 @@ Inputs are plain data:
             formats, cross-variable rules, and a string where a spec types a list or dict (Ansible's list
             type splits "a,b" on commas and its dict type parses "k=v", but the roles read the value as written).
 - hostvars: {host: {'_preflight_cfg': cfg, 'ansible_host': ..., 'common_host_ip': ...}} (Ansible's hostvars
-            fits; the fleet checks read each host's cfg and its address as bundle_host_ip does)
+            with cfgs, {host: cfg}, beside it: fleet_errors adds each cfg as the host's _preflight_cfg; the fleet
+            checks read each host's cfg and its address as bundle_host_ip does)
 - skip:     preflight_skip, the check classes not to run (each check belongs to one class, CHECKS in core)
 """
 from . import core
 from . import settings, instances, fleet, managed, sandbox, addresses, store, entry, tls, monitoring, budget
 from .core import CHECKS, check, refuse
-from .runner import applies, checks_of, fleet_errors, host_errors, selected
+from .runner import applies, checks_of, fleet_errors, host_errors, hosts_errors, selected
 
 # The group modules in the order they register their checks (the import above runs them in this order).
 GROUPS = (settings, instances, fleet, managed, sandbox, addresses, store, entry, tls, monitoring, budget)
 
-__all__ = ['CHECKS', 'GROUPS', 'applies', 'check', 'checks_of', 'core', 'fleet_errors', 'host_errors', 'refuse',
-           'selected']
+__all__ = ['CHECKS', 'GROUPS', 'applies', 'check', 'checks_of', 'core', 'fleet_errors', 'host_errors', 'hosts_errors',
+           'refuse', 'selected']

@@ -1,5 +1,7 @@
 """The runner: which checks apply where, and their messages (a check that raises becomes one naming it).
-The filters of plugins/filter/preflight_checks.py call host_errors, fleet_errors and checks_of."""
+The filters of plugins/filter/preflight_checks.py call hosts_errors, fleet_errors and checks_of."""
+from collections.abc import Mapping
+
 from .core import CHECKS, _roles
 
 
@@ -41,8 +43,51 @@ def host_errors(cfg, host, groups, specs, skip=None):
                 (cfg, host, groups, list(specs or [])), host)
 
 
-def fleet_errors(hostvars, groups, specs, skip=None, host=None, phase=None):
-    """Every fleet-wide check's messages (phase groups or fleet; None: both), checked on host."""
+def hosts_errors(cfgs, groups, specs, skip=None):
+    """host_errors of every host in cfgs ({host: effective settings}, the play's hosts in order): the preflight play
+    runs the per-host checks once for the whole inventory (one task, not one worker per host)."""
+    return [m for h, cfg in dict(cfgs or {}).items() for m in host_errors(cfg, h, groups, specs, skip)]
+
+
+class _HostWithCfg(Mapping):
+    """One host's hostvars with '_preflight_cfg' (its effective settings) added, as the fleet checks read it."""
+
+    def __init__(self, hv, cfg):
+        self._hv, self._cfg = hv, cfg
+
+    def __getitem__(self, key):
+        return self._cfg if key == '_preflight_cfg' else self._hv[key]
+
+    def __iter__(self):
+        yield '_preflight_cfg'
+        yield from (k for k in self._hv if k != '_preflight_cfg')
+
+    def __len__(self):
+        return len(self._hv) + (0 if '_preflight_cfg' in self._hv else 1)
+
+
+class _HostvarsWithCfgs(Mapping):
+    """hostvars whose hosts in cfgs carry their '_preflight_cfg' (the others, outside a --limit, carry none)."""
+
+    def __init__(self, hostvars, cfgs):
+        self._hostvars, self._cfgs = hostvars, dict(cfgs)
+
+    def __getitem__(self, host):
+        hv = self._hostvars[host]
+        return _HostWithCfg(hv, self._cfgs[host]) if host in self._cfgs else hv
+
+    def __iter__(self):
+        return iter(self._hostvars)
+
+    def __len__(self):
+        return len(self._hostvars)
+
+
+def fleet_errors(hostvars, groups, specs, skip=None, host=None, phase=None, cfgs=None):
+    """Every fleet-wide check's messages (phase groups or fleet; None: both), checked on host. cfgs: {host: effective
+    settings} when they are not in hostvars as each host's _preflight_cfg (the preflight play loads them once)."""
+    if cfgs is not None:
+        hostvars = _HostvarsWithCfgs(hostvars, cfgs)
     return _run(selected('fleet', skip, phase), (hostvars, host or 'the controller', dict(groups or {}), list(specs or [])),
                 host or 'the fleet')
 
