@@ -23,6 +23,9 @@ import sys
 
 MULTI_ENV = "PD_BUNDLE_MULTI_METRICS"
 MULTI_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector"
+# The names the patch needs, as scripts/conformance/conformance.py reads them in each vLLM's source (CLASS.ATTR: an
+# attribute of a class, or one its methods set on self).
+MULTI_TARGETS = {MULTI_MODULE: ("MultiKVConnectorPromMetrics.observe", "MultiKVConnectorPromMetrics._prom_metrics")}
 MULTI_ACTIVE = "pd-bundle: MultiConnector metrics skip children without Prometheus metrics"
 
 

@@ -34,6 +34,11 @@ SENDER_CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.moonca
 # What the patch relies on in the connector module, and in _sender_worker's source.
 SENDER_NAMES = ("MooncakeConnectorWorker", "MooncakeXferResponse", "MooncakeXferResponseStatus")
 SENDER_SOURCE = ("sender_worker_queue.get()", "send_kv_to_decode(", "task_done()")
+# The same, as scripts/conformance/conformance.py reads them in each vLLM's source (CLASS.ATTR: an attribute of a
+# class; calls: text in that function's source, as sender_check reads it).
+SENDER_TARGETS = {SENDER_CONNECTOR: SENDER_NAMES + ("MooncakeConnectorWorker._sender_worker",
+                                                    "MooncakeConnectorWorker.send_kv_to_decode")}
+SENDER_CALLS = {SENDER_CONNECTOR + ":MooncakeConnectorWorker._sender_worker": SENDER_SOURCE}
 # The line a prefill whose connector was patched prints (tests/infra and the partition drill may look for it).
 SENDER_ACTIVE = "pd-bundle: each decode's KV request is served in its own task"
 

@@ -33,6 +33,10 @@ ENV = "PD_BUNDLE_SIDE_CHANNEL_PORT"
 SPAN_ENV = "PD_BUNDLE_SIDE_CHANNEL_SPAN"
 BOOTSTRAP_HOST_ENV = "PD_BUNDLE_BOOTSTRAP_HOST"
 CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
+# What the patches need of the connector module: names it defines (CLASS.ATTR: an attribute of a class), and calls its
+# source makes. scripts/conformance/conformance.py reads these lists in the source of each vLLM the inventory names.
+SIDE_CHANNEL_TARGETS = {CONNECTOR: ("MooncakeBootstrapServer", "get_mooncake_bootstrap_addr")}
+SIDE_CHANNEL_CALLS = {CONNECTOR: ("bind_to_random_port",)}
 WILDCARDS = ("", "0.0.0.0", "::")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

@@ -30,6 +30,10 @@ WAIT_ENV = "PD_BUNDLE_STORE_LOOKUP_WAIT_MS"
 SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler"
 # What the wait reads of each MooncakeStoreScheduler, and the type it must have.
 REQUIRED = (("_block_size", int), ("load_specs", dict))
+# The names the wait needs of the scheduler module, as scripts/conformance/conformance.py reads them in each vLLM's
+# source (CLASS.ATTR: an attribute of a class, or one its methods set on self).
+STORE_WAIT_TARGETS = {SCHEDULER: ("MooncakeStoreScheduler.get_num_new_matched_tokens",)
+                      + tuple("MooncakeStoreScheduler." + name for name, _ in REQUIRED)}
 # The line a scheduler whose lookups wait prints when it is made (tests/infra/test_e2e.py reads it from here).
 ACTIVE = "pd-bundle: store lookup wait active"
 

@@ -199,7 +199,7 @@ FAILING = {
     "packages_cpu_guard": ("gpu-p1", with_vars("gpu-p1", vllm_lab_cpu_device_guard=True), None,
                            ["vllm_lab_cpu_device_guard=true on gpu-p1", "vllm_platform=cuda"]),
     "packages_tested_versions": ("gpu-p1", with_vars("gpu-p1", vllm_version="0.34.0"), None,
-                                 ['vllm_version="0.34.0" on gpu-p1', "0.32.0 (run on the lab), 0.33.0 (not run: its patch targets read by hand",
+                                 ['vllm_version="0.34.0" on gpu-p1', "0.32.0 (run on the lab), 0.33.0 (not run: checked against the render by the conformance check",
                                   "vllm_allow_untested_version: true"]),
     "model_set": ("gpu-p1", with_vars("gpu-p1", vllm_model=""), None, ['vllm_model="" on gpu-p1', "no model to serve"]),
     "model_src": ("gpu-p1", with_vars("gpu-p1", vllm_model_src="/nonexistent/models/x"), None,

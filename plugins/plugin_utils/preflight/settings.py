@@ -339,14 +339,15 @@ def packages_cpu_guard(cfg, host, groups, specs):
 
 # The vLLM and Mooncake versions the bundle's patches (plugins/tools/pd_bundle_*.py, the lab shim) and its Mooncake
 # settings were written for (docs/upgrading.md: what each patch needs, and the upstream change that retires it), and
-# how each one was tested (issue 45): RUN_ON_LAB ones ran the whole lab sequence (make test); the others were not run
-# anywhere, and nothing in CI reads them yet: their patch targets were read by hand once, in the unpacked wheel.
+# how each one was tested (issue 45): RUN_ON_LAB ones ran the whole lab sequence (make test); CHECKED ones were not run
+# anywhere: the static tier's conformance check (scripts/conformance/conformance.py, tests/render/test_conformance.py)
+# reads their real wheels against inventory/prod's render (every flag, kv_transfer_config key, connector and patch target).
 # {version variable: (host_roles key of the hosts that install it, {version: how it was tested}, the operator's opt-in)}.
 RUN_ON_LAB = 'run on the lab'
-READ_BY_HAND = 'not run: its patch targets read by hand once (issue 45), no check in CI yet'
+CHECKED = 'not run: checked against the render by the conformance check (its flags, connectors and patch targets)'
 TESTED_VERSIONS = {
-    'vllm_version': ('vllm', {'0.32.0': RUN_ON_LAB, '0.33.0': READ_BY_HAND}, 'vllm_allow_untested_version'),
-    'mooncake_version': ('engine', {'0.3.13.post1': RUN_ON_LAB, '0.3.14': READ_BY_HAND}, 'mooncake_allow_untested_version'),
+    'vllm_version': ('vllm', {'0.32.0': RUN_ON_LAB, '0.33.0': CHECKED}, 'vllm_allow_untested_version'),
+    'mooncake_version': ('engine', {'0.3.13.post1': RUN_ON_LAB, '0.3.14': CHECKED}, 'mooncake_allow_untested_version'),
 }
 
 
