@@ -1,5 +1,5 @@
 """scripts/conformance/conformance.py's parts on small inputs: what it reads from a package's source, and that each
-check fails naming the flag or key, the file it came from and the version (tests/render/test_conformance.py runs it
+check fails naming the flag or key, the file it came from and the version (tests/render/test_render_conformance.py runs it
 on inventory/prod's render against the real wheels)."""
 import importlib.util
 import json

@@ -340,7 +340,7 @@ def packages_cpu_guard(cfg, host, groups, specs):
 # The vLLM and Mooncake versions the bundle's patches (plugins/tools/pd_bundle_*.py, the lab shim) and its Mooncake
 # settings were written for (docs/upgrading.md: what each patch needs, and the upstream change that retires it), and
 # how each one was tested (issue 45): RUN_ON_LAB ones ran the whole lab sequence (make test); CHECKED ones were not run
-# anywhere: the static tier's conformance check (scripts/conformance/conformance.py, tests/render/test_conformance.py)
+# anywhere: the static tier's conformance check (scripts/conformance/conformance.py, tests/render/test_render_conformance.py)
 # reads their real wheels against inventory/prod's render (every flag, kv_transfer_config key, connector and patch target).
 # {version variable: (host_roles key of the hosts that install it, {version: how it was tested}, the operator's opt-in)}.
 RUN_ON_LAB = 'run on the lab'
