@@ -53,7 +53,8 @@ class _HostWithCfg(Mapping):
     """One host's hostvars with '_preflight_cfg' (its effective settings) added, as the fleet checks read it."""
 
     def __init__(self, hv, cfg):
-        self._hv, self._cfg = hv, cfg
+        self._hv = hv
+        self._cfg = cfg
 
     def __getitem__(self, key):
         return self._cfg if key == '_preflight_cfg' else self._hv[key]
@@ -70,7 +71,8 @@ class _HostvarsWithCfgs(Mapping):
     """hostvars whose hosts in cfgs carry their '_preflight_cfg' (the others, outside a --limit, carry none)."""
 
     def __init__(self, hostvars, cfgs):
-        self._hostvars, self._cfgs = hostvars, dict(cfgs)
+        self._hostvars = hostvars
+        self._cfgs = dict(cfgs)
 
     def __getitem__(self, host):
         hv = self._hostvars[host]
