@@ -10,9 +10,10 @@
 #  - prometheus, prometheus-alertmanager: promtool and amtool check the monitoring role's rules, prometheus.yml,
 #    alertmanager.yml and the dashboard's queries, and run the alerts' unit tests (tests/unit/test_monitoring_*.py,
 #    which fail without them). Only the tools are used; where systemd runs, apt also starts their services.
+#  - jq: scripts/lab/status-test.sh reads Prometheus' targets on the controller
 # The render tests fail (they do not skip) when systemd-analyze, nft or unshare is missing.
 set -euo pipefail
-pkgs=(python3-venv libibverbs1 libnuma1 libcurl4 iproute2 systemd nftables util-linux haproxy keepalived openssl prometheus prometheus-alertmanager)
+pkgs=(python3-venv libibverbs1 libnuma1 libcurl4 iproute2 systemd nftables util-linux haproxy keepalived openssl prometheus prometheus-alertmanager jq)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
