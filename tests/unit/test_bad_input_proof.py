@@ -182,8 +182,13 @@ def test_refusal_passes_only_with_needles_in_the_failed_message():
     why = proof.refusal_problem(2, _doc("rdma : RDMA | Preflight | Select NICs", "decode1",
                                         "RDMA devices: none. Fix: ..."), nic)
     assert why and "no failure message" in why
-    # The message must name the host that failed.
+    # The message must name a host of the run (preflight runs once for the play: it fails on the play's first host,
+    # etcd1, and names the host whose value it refuses); a message naming no host of the run does not count.
+    once = _doc(PORT_TASK, "etcd1", PORT_MSG)
+    once["stats"]["router1"] = {"changed": 0, "failures": 0}
+    assert proof.refusal_problem(2, once, PORT_NEEDLES) is None
     assert proof.refusal_problem(2, _doc(PORT_TASK, "decode1", PORT_MSG), PORT_NEEDLES)
+    assert proof.refusal_problem(2, _doc(PORT_TASK, "decode1", PORT_MSG.replace("router1", "router10")), PORT_NEEDLES)
 
 
 def test_refusal_fails_on_success_late_failure_or_change():
