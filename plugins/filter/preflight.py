@@ -417,14 +417,14 @@ def spec_errors(hostvars, hosts, specs, own='preflight'):
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
     # Plain copies, once: a fact's containers are lazy templates under ansible-core 2.19, and deep-copying one per
     # host and role cost minutes (the messages copy a refused option's spec too: spec_failures gets the plain one).
-    specs = [(dict(role=spec.get('role'), file=spec.get('file'), options=_plain(spec.get('options') or {})),
-              _plain(spec.get('groups') or [])) for spec in specs or [] if spec.get('role') != own]
+    specs = [dict(role=spec.get('role'), file=spec.get('file'), groups=_plain(spec.get('groups') or []),
+                  options=_plain(spec.get('options') or {})) for spec in specs or [] if spec.get('role') != own]
     out = []
     for host in hosts or []:
         hv = hostvars[host]
         group_names = list(hv.get('group_names') or [])
-        for spec, groups in specs:
-            if not _runs({'groups': groups}, group_names):
+        for spec in specs:
+            if not _runs(spec, group_names):
                 continue
             options, values, errors = spec['options'], {}, []
             for k in options:
