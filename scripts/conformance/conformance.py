@@ -471,11 +471,12 @@ def kv_problems(kv, facts, label):
 
 
 def role_defaults(roles_dir=REPO / "roles"):
-    import yaml
-    out = {}
-    for path in sorted(Path(roles_dir).glob("*/defaults/main.yml")):
-        out.update(yaml.safe_load(path.read_text()) or {})
-    return out
+    """Every role's defaults, merged as preflight reads them (plugins/filter/preflight.py's load_roles)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("pd_preflight_filter", REPO / "plugins" / "filter" / "preflight.py")
+    preflight = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(preflight)
+    return dict(preflight.load_roles(str(roles_dir))["defaults"])
 
 
 def versions_of(groups, hostvars, defaults=None):
