@@ -47,14 +47,16 @@ if [[ "${1:-}" == destroy && "$scenario" == default ]]; then
   mapfile -t hosts < <(lab_hosts all)
   running=()
   for c in "${hosts[@]}"; do "$docker_cmd" inspect "$c" >/dev/null 2>&1 && running+=("$c"); done
-  ((${#running[@]})) && "$docker_cmd" stop -t 90 "${running[@]}" >/dev/null 2>&1
+  # set -e: a docker command that fails here (a container already being removed) must not end the teardown
+  # before its wait below (stop 50's CI: destroy exited 2 with no message).
+  if ((${#running[@]})); then "$docker_cmd" stop -t 90 "${running[@]}" >/dev/null 2>&1 || true; fi
   rc=0
   molecule "$@" || rc=$?
   for _ in $(seq 1 60); do
     left=()
     for c in "${hosts[@]}"; do "$docker_cmd" inspect "$c" >/dev/null 2>&1 && left+=("$c"); done
     ((${#left[@]} == 0)) && break
-    "$docker_cmd" rm -f "${left[@]}" >/dev/null 2>&1
+    "$docker_cmd" rm -f "${left[@]}" >/dev/null 2>&1 || true
     sleep 5
   done
   if ((${#left[@]})); then echo "lab destroy: containers still present after 300 s: ${left[*]}" >&2; exit 1; fi

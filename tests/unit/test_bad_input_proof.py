@@ -244,7 +244,7 @@ def test_parallel_runs_still_fail_on_a_change_a_bad_run_or_a_dirty_check(monkeyp
     monkeypatch.setattr(proof, "EVEN_ETCD_NEEDLES", ("x",))
     monkeypatch.setattr(proof.LAB, "hosts", lambda group=None: ["prefill1"])
     args = proof.argparse.Namespace(inventory="inv", hosts=["prefill1"], out=str(tmp_path / "r.json"),
-                                    check_diff=True)
+                                    check_diff=True, cases=["a", "b", "even_etcd_count"])
     assert proof.prove(args) == 1
     err = capsys.readouterr().err
     assert "hosts changed after the refused runs and --check" in err and "prefill0.env" in err
@@ -258,4 +258,10 @@ def test_parallel_runs_still_fail_on_a_change_a_bad_run_or_a_dirty_check(monkeyp
     snaps = iter([snap, snap])
     clean["stats"]["prefill1"]["changed"] = 1
     assert proof.prove(args) == 1
+    # --cases (the lab step's subset): only those run.
+    snaps = iter([snap, snap])
+    clean["stats"]["prefill1"]["changed"] = 0
+    args.cases = ["b"]
+    assert proof.prove(args) == 0
+    assert [r["case"] for r in json.loads((tmp_path / "r.json").read_text())["cases"]] == ["b"]
     assert "--check --diff: rc=0" in capsys.readouterr().err
