@@ -131,6 +131,8 @@ REGISTRATION_ORDER = [
     'kv_mode_store_metadata', 'kv_mode_ha_metadata', 'fleet_addresses', 'fleet_engine_ids', 'router_overrides',
     'pools_valid', 'pools_override',
     'pd_engine_equal', 'pd_tp_layout',
+    # scope
+    'role_scope',
     # managed
     'managed_vllm_args', 'managed_vllm_env', 'managed_store_config', 'managed_router_args', 'managed_master_args',
     'managed_etcd_env', 'values_vllm_args', 'values_settings', 'values_restart_batch', 'values_etcd_timing',
@@ -167,7 +169,7 @@ def test_every_check_registers_once_in_the_documented_order():
                 assert getattr(module, c['id']) is c['fn']
     assert in_source == REGISTRATION_ORDER
     assert [m.__name__.rsplit('.', 1)[1] for m in pc.GROUPS] == [
-        'settings', 'instances', 'fleet', 'managed', 'sandbox', 'addresses', 'store', 'entry', 'tls', 'monitoring', 'budget']
+        'settings', 'instances', 'fleet', 'scope', 'managed', 'sandbox', 'addresses', 'store', 'entry', 'tls', 'monitoring', 'budget']
     for path in (os.path.join(PACKAGE_DIR, 'core.py'), os.path.join(PACKAGE_DIR, 'runner.py'),
                  os.path.join(REPO, 'plugins', 'filter', 'preflight_checks.py')):
         assert not re.search(r'^@check\(', open(path).read(), re.M), path

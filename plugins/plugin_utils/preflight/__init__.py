@@ -4,7 +4,7 @@
 The package (controller-side code of the collection, plugins/plugin_utils/preflight/):
 - core:       the registry (CHECKS), its decorator @check, refuse (every message's one shape), the helpers and
               constants that more than one group of checks uses
-- GROUPS:     one module per group of check classes (settings, instances, fleet, managed, sandbox, addresses, store,
+- GROUPS:     one module per group of check classes (settings, instances, fleet, scope, managed, sandbox, addresses, store,
               entry, tls, monitoring, budget), imported below in this order, which is the order of CHECKS and so of the
               messages (tests/unit/test_preflight_messages.py holds it); each imports what it uses from core
 - runner:     which checks apply where, and their messages (host_errors, fleet_errors, checks_of)
@@ -34,12 +34,12 @@ Inputs are plain data:
 - skip:     preflight_skip, the check classes not to run (each check belongs to one class, CHECKS in core)
 """
 from . import core
-from . import settings, instances, fleet, managed, sandbox, addresses, store, entry, tls, monitoring, budget
+from . import settings, instances, fleet, scope, managed, sandbox, addresses, store, entry, tls, monitoring, budget
 from .core import CHECKS, check, refuse
 from .runner import applies, checks_of, fleet_errors, host_errors, hosts_errors, selected
 
 # The group modules in the order they register their checks (the import above runs them in this order).
-GROUPS = (settings, instances, fleet, managed, sandbox, addresses, store, entry, tls, monitoring, budget)
+GROUPS = (settings, instances, fleet, scope, managed, sandbox, addresses, store, entry, tls, monitoring, budget)
 
 __all__ = ['CHECKS', 'GROUPS', 'applies', 'check', 'checks_of', 'core', 'fleet_errors', 'host_errors', 'hosts_errors',
            'refuse', 'selected']
