@@ -4,7 +4,7 @@ setting silently ignored); group_vars/all's value, a role's own hosts and a vari
 import os
 
 import yaml
-from test_preflight_checks import REPO, ROLE_GROUPS, SPECS, pc
+from test_preflight_checks import REPO, ROLE_GROUPS, SPECS, fleet, pc
 
 scope = pc.scope
 
@@ -19,7 +19,8 @@ def hostvars(**per_host):
 
 
 def refused(hv):
-    return scope.role_scope(hv, 'etcd-1', GROUPS, SPECS)
+    """role_scope's messages, with hostvars as the fleet checks get them (each host's effective settings beside)."""
+    return scope.role_scope(fleet(hv), 'etcd-1', GROUPS, SPECS)
 
 
 def test_a_router_setting_on_a_prefill_host_is_refused_naming_it_the_role_and_the_fix():

@@ -12,7 +12,7 @@ import re
 
 from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
 
-from .core import _j, check, refuse
+from .core import _cfgs, _j, check, refuse
 
 # The roles whose plays run on their own groups only (playbooks/etcd.yml hosts: etcd, mooncake_master.yml:
 # mooncake_master, router.yml: vllm_router, entry.yml: entry; tests/unit/test_preflight_scope.py reads the playbooks):
@@ -85,8 +85,13 @@ def role_scope(hostvars, host, groups, specs):
     value is read nowhere. Refused rather than silently ignored; group_vars/all's value (on every host alike) is not
     one, and a value read by another role or a plugin is left alone."""
     found = readers()
-    # The bundle's hosts: an inventory may hold others (a bastion, localhost) that run none of its roles.
-    everyone = [h for h in _bundle.bundle_hosts(groups) if h in hostvars]
+    # The bundle's hosts: an inventory may hold others (a bastion, localhost) that run none of its roles. Which
+    # variables a host's inventory sets: the names of its hostvars, read once (ansible-core merges and templates a
+    # host's variables on every access: 7 s on the lab when asked per variable); their values from its effective
+    # settings (plain data, the inventory's value where it sets one).
+    cfgs = dict(_cfgs(hostvars, _bundle.bundle_hosts(groups)))
+    everyone = list(cfgs)
+    names = {h: set(hostvars[h]) for h in everyone}
     out = []
     for spec in specs:
         role = spec.get('role')
@@ -97,14 +102,14 @@ def role_scope(hostvars, host, groups, specs):
         for var in spec.get('options') or {}:
             if found.get(var, set()) - {role}:
                 continue
-            having = [h for h in outside if var in hostvars[h]]
+            having = [h for h in outside if var in names[h]]
             if not having:
                 continue
-            fleet = _fleet_value([_j(hostvars[h][var]) for h in outside]) if len(having) == len(outside) else None
+            fleet = _fleet_value([_j(cfgs[h].get(var)) for h in outside]) if len(having) == len(outside) else None
             if fleet is None and len(having) == len(outside):
                 continue  # every host has it, two values alike often: which one group_vars/all sets is unknown
             for h in having:
-                if fleet is not None and _j(hostvars[h][var]) == fleet:
+                if fleet is not None and _j(cfgs[h].get(var)) == fleet:
                     continue
                 out.append(refuse(var, h, 'is ignored: %s does not run the %s role (its hosts: the group%s %s), and '
                                   'no role or plugin on it reads %s (checked on %s)'
@@ -113,6 +118,6 @@ def role_scope(hostvars, host, groups, specs):
                                   'set %s in group_vars/%s (or the host_vars of one of its hosts), or in group_vars/all '
                                   'for every host; remove it from the host_vars of %s and the group_vars of its other '
                                   'groups.' % (var, (spec.get('groups') or [role])[0], h),
-                                  value=hostvars[h][var]))
+                                  value=cfgs[h].get(var)))
     return out
 
