@@ -136,12 +136,13 @@ lab-reuse: venv
 lab-store-tier: venv
 	mkdir -p lab-results && $(PY) scripts/lab/store_tier.py --ssd --master-kill --out lab-results/store-tier.json
 
-# Issue 32: the spare host joins and leaves vllm_decode, then vllm_prefill, under load (playbooks/scale.yml), then
-# the ratio advisor (playbooks/advisor.yml) on the traffic it saw.
-# Every bad input of scripts/lab/bad-input-proof.py against the running lab (the lab step runs four of them).
+# Every bad input of scripts/lab/bad-input-proof.py, then site.yml --check --diff, against the running lab (the lab
+# step runs four of the inputs and no --check run).
 lab-proof: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/bad-input-proof.py --inventory $(abspath molecule/default/inventory) --out lab-results/bad-input-proof.json
 
+# Issue 32: the spare host joins and leaves vllm_decode, then vllm_prefill, under load (playbooks/scale.yml), then
+# the ratio advisor (playbooks/advisor.yml) on the traffic it saw.
 lab-scale: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/scale-test.py --out lab-results/scale.json --advisor --max-overhead 200
 

@@ -152,6 +152,7 @@ CASES = [
 ]
 # An even etcd member count needs a different group, so it is an extra inventory source
 # (one more etcd member: the lab's first prefill host).
+EVEN_ETCD_ID = "even_etcd_count"
 EVEN_ETCD = "[etcd]\n{host}\n"
 EVEN_ETCD_NEEDLES = ("The group etcd has 4 members", "needs an odd count")
 REFUSING_TASK = re.compile(r"\b(Preflight|Select) \|")
@@ -375,10 +376,10 @@ def main(argv=None):
     ap.add_argument("--out", default="bad-input-proof.json")
     ap.add_argument("--no-check-diff", dest="check_diff", action="store_false",
                     help="skip the site.yml --check --diff run (it must report changed=0 on every host)")
-    ids = [c[0] for c in CASES] + ["even_etcd_count"]
+    ids = [c[0] for c in CASES] + [EVEN_ETCD_ID]
     # CI's lab step runs a few (one per kind of check: an argument spec, a fleet rule, a group count, the rdma role's
-    # read-only selection): every refusal's message is proven by tests/preflight, and the --check run beside them is
-    # this step's longest part either way. Default: all of them.
+    # read-only selection), without the --check run: every refusal's message is proven by tests/preflight. Default:
+    # all of them.
     ap.add_argument("--cases", nargs="+", choices=ids, default=ids, help="the bad inputs to run (default: all)")
     args = ap.parse_args(argv)
     if Path(args.inventory).resolve() == LAB_INVENTORY.resolve():
@@ -406,7 +407,7 @@ def prove(args):
     even = tmp / "even-etcd.ini"
     even.write_text(EVEN_ETCD.format(host=LAB.hosts("vllm_prefill")[0]))
     runs = [(cid, [args.inventory], ["-e", json.dumps(ev)], needles) for cid, ev, needles in CASES]
-    runs.append(("even_etcd_count", [args.inventory, str(even)], [], EVEN_ETCD_NEEDLES))
+    runs.append((EVEN_ETCD_ID, [args.inventory, str(even)], [], EVEN_ETCD_NEEDLES))
     runs = [r for r in runs if r[0] in args.cases]
 
     def refused(run):

@@ -11,6 +11,7 @@ import os
 import re
 
 from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
+from ansible_collections.pd_bundle.serving.plugins.filter import preflight as _pf
 
 from .core import _cfgs, _j, check, refuse
 
@@ -62,16 +63,10 @@ def readers(root=_ROOT):
     return out
 
 
-def _role_hosts(spec, groups):
-    hosts = []
-    for g in spec.get('groups') or []:
-        hosts += [h for h in groups.get(g) or [] if h not in hosts]
-    return hosts
-
-
 def _fleet_value(values):
-    """The value group_vars/all gives every host outside the role: the most common one when every such host has the
-    variable (a host or group override differs from it); None when they do not all have it, or two values tie."""
+    """The value group_vars/all gives every host outside the role, from the values of all of them (the caller passes
+    them only when every such host has the variable): the most common one (a host or group override differs from
+    it); None when two values tie."""
     counts = collections.Counter(values).most_common(2)
     if len(counts) > 1 and counts[0][1] == counts[1][1]:
         return None
@@ -92,22 +87,26 @@ def role_scope(hostvars, host, groups, specs):
     cfgs = dict(_cfgs(hostvars, _bundle.bundle_hosts(groups)))
     everyone = list(cfgs)
     names = {h: set(hostvars[h]) for h in everyone}
+    # Each host's groups, from groups (hostvars' group_names would merge its variables again).
+    group_names = {h: [g for g, members in groups.items() if h in (members or [])] for h in everyone}
     out = []
     for spec in specs:
         role = spec.get('role')
         if role not in SCOPED_ROLES:
             continue
-        inside = set(_role_hosts(spec, groups))
-        outside = [h for h in everyone if h not in inside]
+        # Whether a host runs the role: the one rule the argument-spec check uses (preflight.py's _runs).
+        outside = [h for h in everyone if not _pf._runs(spec, group_names[h])]
         for var in spec.get('options') or {}:
             if found.get(var, set()) - {role}:
                 continue
             having = [h for h in outside if var in names[h]]
             if not having:
                 continue
-            fleet = _fleet_value([_j(cfgs[h].get(var)) for h in outside]) if len(having) == len(outside) else None
-            if fleet is None and len(having) == len(outside):
-                continue  # every host has it, two values alike often: which one group_vars/all sets is unknown
+            fleet = None
+            if len(having) == len(outside):
+                fleet = _fleet_value([_j(cfgs[h].get(var)) for h in outside])
+                if fleet is None:
+                    continue  # every host has it and two values tie: which one group_vars/all sets is unknown
             for h in having:
                 if fleet is not None and _j(cfgs[h].get(var)) == fleet:
                     continue
@@ -120,4 +119,3 @@ def role_scope(hostvars, host, groups, specs):
                                   'groups.' % (var, (spec.get('groups') or [role])[0], h),
                                   value=cfgs[h].get(var)))
     return out
-
