@@ -10,7 +10,7 @@ view of the instance (router worker lists, firewall, status, the transfer check)
 setup that no longer exists.
 
 Filters:
-- bundle_vllm_exec_start: the unit's ExecStart command after its python (managed flags, then the extra args)
+- bundle_vllm_exec_start: the unit's ExecStart command from the venv: `vllm serve`, managed flags, then the extra args
 - bundle_vllm_serve_extra_args: SERVE_EXTRA_ARGS: the extra args, then the managed flags that follow them
 - bundle_vllm_user_env: the operator's env dict, refused when it names a managed variable
 - bundle_vllm_user_store_config: the operator's mooncake.json fields, refused when one is managed
@@ -24,8 +24,10 @@ except ImportError:  # unit tests run without ansible
     class AnsibleFilterError(Exception):
         pass
 
-# The module the unit runs (vllm@.service's ExecStart, after {{ _vllm_python }}).
-VLLM_ENTRYPOINT = 'vllm.entrypoints.openai.api_server'
+# What the unit runs (vllm@.service's ExecStart): the venv's console script and its subcommand, as vLLM documents it
+# and operators type it. `python -m vllm.entrypoints.openai.api_server` (what the units ran before) warns in 0.33 that it
+# is deprecated.
+VLLM_CLI = ('vllm', 'serve')
 # The env variable that carries the operator's extra arguments ($VAR: systemd splits it into tokens).
 VLLM_EXTRA_ARGS_ENV = 'SERVE_EXTRA_ARGS'
 
@@ -33,8 +35,10 @@ VLLM_EXTRA_ARGS_ENV = 'SERVE_EXTRA_ARGS'
 # argument); value: a literal; tail: rendered into SERVE_EXTRA_ARGS after the extra args when the variable
 # is a positive integer. vars: what the operator sets instead (the fix). appends: argparse action=append
 # (a repeat adds, it does not replace: not an override).
+# positional: rendered as `vllm serve`'s positional model (model_tag). It wins over a --model in the extra args, and
+# --model stays managed so that preflight refuses one there all the same.
 VLLM_FLAGS = [
-    {'flag': '--model', 'env': 'SERVE_MODEL', 'vars': 'vllm_model'},
+    {'flag': '--model', 'env': 'SERVE_MODEL', 'positional': True, 'vars': 'vllm_model'},
     {'flag': '--served-model-name', 'env': 'SERVE_SERVED_MODEL_NAME', 'vars': 'vllm_served_model_name'},
     {'flag': '--host', 'env': 'SERVE_BIND_HOST', 'vars': 'vllm_bind_host'},
     {'flag': '--port', 'env': 'SERVE_PORT', 'vars': 'vllm_instances[].port'},
@@ -160,11 +164,14 @@ def managed_flag(flag):
     return None
 
 
-def vllm_exec_start(python):
-    """vllm@.service's command: python -m the entry point, every managed flag from its env variable (or literal),
-    then $SERVE_EXTRA_ARGS (split into one argument per token)."""
-    parts = [str(python), '-m', VLLM_ENTRYPOINT]
+def vllm_exec_start(venv):
+    """vllm@.service's command: the venv's `vllm serve`, the positional model, every other managed flag from its env
+    variable (or literal), then $SERVE_EXTRA_ARGS (split into one argument per token)."""
+    parts = ['%s/bin/%s' % (str(venv).rstrip('/'), VLLM_CLI[0])] + list(VLLM_CLI[1:])
+    parts += ['${%s}' % e['env'] for e in VLLM_FLAGS if e.get('positional')]
     for entry in VLLM_FLAGS:
+        if entry.get('positional'):
+            continue
         if 'env' in entry:
             parts += [entry['flag'], '${%s}' % entry['env']]
         elif 'value' in entry:

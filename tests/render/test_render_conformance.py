@@ -28,6 +28,7 @@ def test_prod_render_conforms_to_the_versions_it_names(prod_render, versions):
     assert problems == []
     # Every program's command lines were read (a render that lost them would pass vacuously).
     assert all(" 0 flags" not in line and " 0 documents" not in line for line in summary), summary
+    assert any(line.startswith("vllm units: ") and " run vllm serve, " in line for line in summary), summary
 
 
 def _append(path, var, extra):
@@ -50,6 +51,8 @@ def test_a_wrong_flag_or_key_fails_naming_it(prod_render, versions, tmp_path):
     _append(copy / "router-1" / "etc" / "vllm-router" / "router.env", "VLLM_ROUTER_ARGS", "--prefil-policy x")
     _append(copy / "ctl-1" / "etc" / "mooncake" / "master.env", "MOONCAKE_MASTER_ARGS", "--rpc-port=1")
     _append(copy / "gpu-p1" / "etc" / "vllm" / "mooncake-store-client.env", "MOONCAKE_CLIENT_ARGS", "--no_such_flag=1")
+    unit = copy / "gpu-d1" / "etc" / "systemd" / "system" / "vllm@.service"
+    unit.write_text(unit.read_text().replace("/bin/vllm serve ", "/bin/vllm serv ", 1))
     problems, _ = conformance.check(copy, versions, REPO / "inventory" / "prod")
     text = "\n".join(problems)
     for want in ("--gpu-memory-utilisation (gpu-p1/etc/vllm/prefill0.env, host gpu-p1) is not a flag of vllm 0.33.0",
@@ -60,9 +63,11 @@ def test_a_wrong_flag_or_key_fails_naming_it(prod_render, versions, tmp_path):
                  "--rpc-port (ctl-1/etc/mooncake/master.env, host ctl-1) is not a flag of "
                  "mooncake-transfer-engine-non-cuda 0.3.13.post1",
                  "--no_such_flag (gpu-p1/etc/vllm/mooncake-store-client.env, host gpu-p1) is not a flag of "
-                 "mooncake-transfer-engine-cuda13 0.3.14"):
+                 "mooncake-transfer-engine-cuda13 0.3.14",
+                 "gpu-d1/etc/systemd/system/vllm@.service runs `vllm serv`: vllm 0.33.0's vllm has no subcommand "
+                 "'serv' (it has: "):
         assert want in text, text
-    assert len(problems) == 5, text
+    assert len(problems) == 6, text
 
 
 def test_a_patch_target_the_version_lacks_fails_naming_it(versions):

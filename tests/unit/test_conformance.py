@@ -4,6 +4,7 @@ on inventory/prod's render against the real wheels)."""
 import importlib.util
 import json
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,40 @@ def test_rendered_reads_units_and_environment_files(tmp_path):
         ("vllm", "gpu-p1", "gpu-p1/etc/vllm/prefill0.env", ["--max-model-len", "--enforce-eager"]),
         ("mooncake_master", "ctl-1", "ctl-1/etc/mooncake/master.env", ["--rpc_port", "--enable_ha"])]
     assert kv == [("gpu-p1", Path("gpu-p1/etc/vllm/prefill0.env"), {"kv_connector": "MooncakeConnector"})]
+
+
+def _wheel(tmp_path, files):
+    path = tmp_path / "w.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return c.Wheel(path)
+
+
+def test_vllm_commands_are_the_console_scripts_and_the_cli_subcommands(tmp_path):
+    wheel = _wheel(tmp_path, {
+        "vllm-0.33.0.dist-info/entry_points.txt": "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n"
+                                                  "other = vllm.other:main\n",
+        "vllm/entrypoints/cli/serve.py": "class ServeSubcommand(CLISubcommand):\n    name = 'serve'\n",
+        "vllm/entrypoints/cli/bench/main.py": "class BenchSubcommand:\n    name = 'bench'\n    help = 'x'\n",
+        "vllm/entrypoints/openai/x.py": "class Other:\n    name = 'not-a-subcommand'\n"})
+    known = c.vllm_commands(wheel)
+    assert known == {"vllm": {"serve", "bench"}, "other": set()}
+    unit = tmp_path / "r" / "h1" / "etc" / "systemd" / "system" / "vllm@.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Service]\nExecStart=/opt/vllm/venv/bin/vllm serve ${SERVE_MODEL} --port ${SERVE_PORT}\n")
+    cmds = c.rendered_commands(tmp_path / "r")
+    assert cmds == [("h1", Path("h1/etc/systemd/system/vllm@.service"), "vllm", "serve")]
+    assert c.command_problems(cmds, known, "vllm 0.33.0") == []
+    # The check can fail: a subcommand the version lacks, and a program it does not install.
+    unit.write_text("[Service]\nExecStart=/opt/vllm/venv/bin/vllm srve ${SERVE_MODEL}\n")
+    assert c.command_problems(c.rendered_commands(tmp_path / "r"), known, "vllm 0.33.0") == [
+        "h1/etc/systemd/system/vllm@.service runs `vllm srve`: vllm 0.33.0's vllm has no subcommand 'srve' "
+        "(it has: bench, serve)"]
+    unit.write_text("[Service]\nExecStart=/opt/vllm/venv/bin/python -m vllm.entrypoints.openai.api_server\n")
+    assert c.command_problems(c.rendered_commands(tmp_path / "r"), known, "vllm 0.33.0") == [
+        "h1/etc/systemd/system/vllm@.service runs 'python', which vllm 0.33.0 does not install as a console script "
+        "(it has: other, vllm)"]
 
 
 def test_lock_pins_read_every_lock_of_the_inventory():

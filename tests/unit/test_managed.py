@@ -44,9 +44,9 @@ def test_every_written_env_variable_is_managed_and_every_managed_one_written():
 
 def test_exec_start_comes_from_the_table():
     unit = _read('templates/vllm/vllm@.service.j2')
-    assert re.search(r'^ExecStart=\{\{ _vllm_python \| pd_bundle\.serving\.bundle_vllm_exec_start \}\}$', unit, re.M)
-    cmd = mg.vllm_exec_start('/opt/vllm/venv/bin/python')
-    assert cmd == ('/opt/vllm/venv/bin/python -m vllm.entrypoints.openai.api_server --model ${SERVE_MODEL} '
+    assert re.search(r'^ExecStart=\{\{ vllm_venv \| pd_bundle\.serving\.bundle_vllm_exec_start \}\}$', unit, re.M)
+    cmd = mg.vllm_exec_start('/opt/vllm/venv/')
+    assert cmd == ('/opt/vllm/venv/bin/vllm serve ${SERVE_MODEL} '
                    '--served-model-name ${SERVE_SERVED_MODEL_NAME} --host ${SERVE_BIND_HOST} --port ${SERVE_PORT} '
                    '--tensor-parallel-size ${SERVE_TP} --kv-transfer-config ${SERVE_KV_TRANSFER_CONFIG} '
                    '--middleware pd_bundle_drain.DrainMiddleware $SERVE_EXTRA_ARGS')
@@ -57,6 +57,7 @@ def test_exec_start_comes_from_the_table():
 def test_every_flag_has_one_way_to_render():
     for entry in mg.VLLM_FLAGS:
         assert sum(k in entry for k in ('env', 'value', 'tail', 'switch')) == 1, entry
+        assert not entry.get('positional') or 'env' in entry, entry
         assert entry['flag'].startswith('--') and entry['vars']
         if 'env' in entry:
             assert entry['env'] in mg.VLLM_ENV
