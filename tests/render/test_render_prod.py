@@ -549,9 +549,13 @@ def test_rendered_vllm_command_and_env_are_the_managed_table(prod_render, invent
             assert set(env) <= set(mg.VLLM_ENV), set(env) - set(mg.VLLM_ENV)
             argv = expand_exec(unit_exec_start(prod_render / host / 'etc/systemd/system/vllm@.service'), env)
             extra = [str(a) for a in hv[host].get('vllm_extra_args', [])] + [str(a) for a in inst.get('extra_args', [])]
-            head = argv[3:len(argv) - len(env['SERVE_EXTRA_ARGS'].split())]
+            # vLLM's CLI: VENV/bin/vllm serve MODEL (the positional model wins over any --model), then the flags
+            positional = [env[e['env']] for e in mg.VLLM_FLAGS if e.get('positional')]
+            assert argv[0].endswith('/bin/vllm') and argv[1] == 'serve' and positional == [env['SERVE_MODEL']]
+            assert argv[2:2 + len(positional)] == positional
+            head = argv[2 + len(positional):len(argv) - len(env['SERVE_EXTRA_ARGS'].split())]
             # tail and switch flags follow the extra args (SERVE_EXTRA_ARGS); the others come before them
-            after = {e['flag'] for e in mg.VLLM_FLAGS if 'tail' in e or 'switch' in e}
+            after = {e['flag'] for e in mg.VLLM_FLAGS if 'tail' in e or 'switch' in e or e.get('positional')}
             assert {a for a in head if a.startswith('--')} == {e['flag'] for e in mg.VLLM_FLAGS} - after
             tail = env['SERVE_EXTRA_ARGS'].split()
             assert tail[:len(extra)] == extra
