@@ -34,6 +34,10 @@ operator relies on:
     its prefill drain and restart. Before the cut, every router's canary journal since the lab began (or
     --canary-since) must hold no pair broken (3 failures in a row: PDPairBroken) and no heal: no false alarm on a
     healthy lab through every step and drill before it.
+  - alone only (--store-mode, make lab-store-mode, on a lab in store mode): both masters stopped, then etcd quorum
+    lost, STORE_OUTAGE_S each. Store mode needs the store, so the outage's requests are measured (outage_spans); the
+    goal is the router serving 3 requests in a row within STORE_MODE_BACK_GOAL_S of the units' return, and no request
+    failing after that.
 Recovery = seconds from the kill until the service serves again and 3 requests in a row through
 the router succeed. Every goal fails the run when missed (drill_problems, FAILED_BOUND):
   - etcd member and router: recovery <= 30 s (GOAL_S); a killed etcd member serves again when etcd itself says
@@ -90,6 +94,8 @@ GOAL_S = 30  # the recovery goal of every service whose start is not a model loa
 # router costs no request but the streams whose answer had begun on it (STREAMS_ONLY). A kill -9 of the active HAProxy drops the request in flight (1 at the
 # load's pace); keepalived stopped on the VIP holder: the in-flight ones are reported, bound 3, and every
 # request sent after the VIP moved must succeed (failure_problems).
+# Store mode's outages (--store-mode): measured, see STORE_MODE_BACK_GOAL_S.
+STORE_MODE_KINDS = ("store mode: masters down", "store mode: etcd quorum lost")
 FAILED_BOUND = {"etcd member": 0, "master leader": 0, "etcd member stopped": 0,
                 "router": 25, "router behind entry": 0, "prefill": 5, "decode": 5,
                 "entry haproxy": 1, "entry": 12, "entry vip": 3,
@@ -99,7 +105,10 @@ FAILED_BOUND = {"etcd member": 0, "master leader": 0, "etcd member stopped": 0,
                 # the cut pair: its requests are recomputed within the budget, the others never touch it
                 "partition": 0,
                 # the store tier's outages: the requests sent in the first STORE_GRACE_S (bound_from_spans), none after
-                "masters down": 0, "etcd quorum lost": 0}
+                "masters down": 0, "etcd quorum lost": 0,
+                # store mode needs the store: its outage's requests are measured (outage_spans), none after it serves
+                # again may fail (failure_problems: failed_after_recovery)
+                **{k: float("inf") for k in STORE_MODE_KINDS}}
 # A router killed behind the entry: HAProxy retries every request on the other router (retry-on, with the whole
 # request buffered), except a streamed one whose answer had begun on the killed router. So the bound is the load's
 # streams open at the kill (streams_open_at), and no non-streamed request and none sent after the kill may fail.
@@ -139,6 +148,11 @@ CANARY_STATE = role_var("vllm_router", "_vllm_router_canary_state")
 STORE_OUTAGE_S = 60
 STORE_GRACE_S = 5
 STORE_HIT_GOAL_S = 60
+# Store mode (--store-mode, make lab-store-mode on a lab converged with vllm_kv_connector=MooncakeStoreConnector):
+# decode loads every prompt's KV from the store, so the store is needed by design and the requests of the outage are
+# measured, not bounded. Goals: the router serves again (3 requests in a row) within STORE_MODE_BACK_GOAL_S of the
+# units' return, with no person, and no request sent after that fails.
+STORE_MODE_BACK_GOAL_S = 120
 
 
 def sh(host, *cmd, check=True, timeout=180, input=None):  # noqa: A002 - subprocess.run's name
@@ -751,6 +765,47 @@ def store_outage_problems(r):
     return out
 
 
+def drill_store_mode_outage(lab, kind, hosts, unit, outage_s, back_goal_s):
+    """Store mode (MooncakeStoreConnector on both sides) in a store outage: UNIT stopped on HOSTS for outage_s. The
+    requests of the outage are measured (outage_spans). Goal: the router serves 3 requests in a row within back_goal_s
+    of the units' return, with no restart of anything; failure_problems then holds every later request to 0 failed."""
+    lab.router_settled()
+    fault_epoch = time.time()
+    for host in hosts:
+        sh(host, "systemctl", "stop", unit)
+    try:
+        time.sleep(outage_s)
+    finally:
+        for host in hosts:
+            sh(host, "systemctl", "start", unit, check=False)
+    back_epoch = time.time()
+    serving = wait_for(lab.router_ok_n, back_goal_s, step=1)
+    return {"drill": f"store mode: {kind} ({outage_s} s)", "kind": f"store mode: {kind}", "host": ",".join(hosts),
+            "unit": unit, "outage_s": outage_s, "back_epoch": back_epoch,
+            "serving_back_s": None if serving is None else round(serving, 1), "back_goal_s": back_goal_s,
+            "kill_epoch": fault_epoch, "recovery_epoch": None if serving is None else back_epoch + serving,
+            "end_epoch": time.time()}
+
+
+def outage_spans(spans, start_epoch, r):
+    """What the load's requests saw from a store-mode drill's stop until it served again: sent, failed, the slowest,
+    and the failures' times after the stop."""
+    end = r["recovery_epoch"] or r["end_epoch"]
+    inside = [sp for sp in spans if r["kill_epoch"] <= start_epoch + sp[0] <= end
+              or start_epoch + sp[0] < r["kill_epoch"] < start_epoch + sp[1]]
+    failed = [sp for sp in inside if not sp[2]]
+    return {"sent": len(inside), "failed": len(failed), "ok": len(inside) - len(failed),
+            "slowest_s": round(max((sp[1] - sp[0] for sp in inside), default=0), 1),
+            "failed_at_s": [round(start_epoch + sp[1] - r["kill_epoch"], 1) for sp in failed][:10]}
+
+
+def store_mode_problems(r):
+    if r["serving_back_s"] is None:
+        return [f"{r['drill']}: the router did not serve 3 requests in a row within {r['back_goal_s']} s of the "
+                f"units' return"]
+    return []
+
+
 def partition_problems(r):
     out = []
     if not r["canary_ready"]:
@@ -980,6 +1035,9 @@ def main(argv=None):
     ap.add_argument("--partition-only", action="store_true", help="run the gray-failure drill alone")
     ap.add_argument("--gray-only", action="store_true",
                     help="run the gray-failure drills alone: masters down, etcd quorum lost, the partition")
+    ap.add_argument("--store-mode", action="store_true",
+                    help="on a lab in store mode: both masters down, then etcd quorum lost, measured (the store is "
+                         "needed there); goal: serving again within %d s of the return" % STORE_MODE_BACK_GOAL_S)
     ap.add_argument("--canary-since", type=float, default=0,
                     help="epoch from which the canary must have raised no alarm before the cut (0: the lab's life)")
     ap.add_argument("--canary-alarms", metavar="DRILLS_JSON", default=None,
@@ -998,6 +1056,13 @@ def main(argv=None):
     os.environ.setdefault("PD_CLIENT_KEY", inv.client_key())
     os.environ.setdefault("PD_CLIENT_CA", inv.client_ca())
     lab = Lab(args)
+    if args.store_mode:
+        dhost, dinst = args.decode.split(":")[:2]
+        if sh(dhost, "grep", "-q", "MooncakeStoreConnector", f"/etc/vllm/{dinst}.env", check=False).returncode != 0:
+            print(f"drills: --store-mode needs the lab in store mode ({dhost}/{dinst} does not load from the store): "
+                  "converge it with -e vllm_kv_connector=MooncakeStoreConnector first (docs/reliability.md)",
+                  file=sys.stderr)
+            return 2
 
     # A step before (a unit just restarted, its first requests slow on CPU) may still be settling.
     if lab.router_settled() is None:
@@ -1013,7 +1078,12 @@ def main(argv=None):
                               env=os.environ)
     results, problems = [], []
     try:
-        if not (args.partition_only or args.gray_only):
+        if args.store_mode:
+            results.append(drill_store_mode_outage(lab, "masters down", args.masters, "mooncake-master",
+                                                   STORE_OUTAGE_S, STORE_MODE_BACK_GOAL_S))
+            results.append(drill_store_mode_outage(lab, "etcd quorum lost", args.etcd[1:], "etcd",
+                                                   STORE_OUTAGE_S, STORE_MODE_BACK_GOAL_S))
+        if not (args.partition_only or args.gray_only or args.store_mode):
             # 1. kill -9 each kind of service.
             etcd_victim = args.etcd[-1]
             results.append(drill_kill(lab, "etcd member", etcd_victim, "etcd",
@@ -1140,6 +1210,8 @@ def main(argv=None):
         if r["kind"] in ("masters down", "etcd quorum lost"):
             # the requests open in the first STORE_GRACE_S of the stop (sent before its end, still open at the stop)
             r["bound"] = bound_from_spans(spans, load_summary["start_epoch"], r["kill_epoch"], r["recovery_epoch"])
+        if r["kind"] in STORE_MODE_KINDS:
+            r["outage"] = outage_spans(spans, load_summary["start_epoch"], r)
     after_last = attribute_failures(results, load_summary)
 
     for r in results:
@@ -1155,6 +1227,8 @@ def main(argv=None):
             problems.extend(partition_problems(r))
         elif r["kind"] in ("masters down", "etcd quorum lost"):
             problems.extend(store_outage_problems(r))
+        elif r["kind"] in STORE_MODE_KINDS:
+            problems.extend(store_mode_problems(r))
         elif not r.get("ok"):
             problems.append(f"{r['drill']}: {r}")
         problems.extend(failure_problems(r))

@@ -578,3 +578,21 @@ def test_docker_pause_retries_a_freezer_that_gives_up_and_names_the_last_error(t
     with pytest.raises(RuntimeError, match="pause entry2 failed 5 times: unable to freeze"):
         drills.docker_pause("entry2", True)
     assert count.read_text().strip() == "5"
+
+
+def test_store_mode_outage_is_measured_and_must_serve_again():
+    """Store mode needs the store: the outage's requests are measured (outage_spans), not bounded; the drill fails
+    when the router does not serve again within the goal, or when a request sent after that fails."""
+    r = {"drill": "store mode: masters down (60 s)", "kind": "store mode: masters down", "host": "etcd1,etcd2",
+         "kill_epoch": 1010.0, "back_epoch": 1070.0, "serving_back_s": 6.0, "recovery_epoch": 1076.0,
+         "end_epoch": 1080.0, "back_goal_s": 120}
+    # [sent, ended, ok, streamed] relative to start_epoch 1000: one open at the stop, two inside, one after
+    spans = [[9.0, 28.0, True, False], [30.0, 49.0, False, True], [50.0, 69.0, True, False], [78.0, 78.2, True, False]]
+    assert drills.outage_spans(spans, 1000.0, r) == {"sent": 3, "failed": 1, "ok": 2, "slowest_s": 19.0,
+                                                     "failed_at_s": [39.0]}
+    drills.attribute_failures([r], {"start_epoch": 1000.0, "failures": [{"t": 30.0, "stream": True}]})
+    assert drills.store_mode_problems(r) == [] and drills.failure_problems(r) == []  # inside the outage: measured
+    drills.attribute_failures([r], {"start_epoch": 1000.0, "failures": [{"t": 30.0}, {"t": 78.0}]})
+    assert "1 requests failed after recovery" in " ".join(drills.failure_problems(r))
+    late = dict(r, serving_back_s=None, recovery_epoch=None)
+    assert "did not serve 3 requests in a row within 120 s" in drills.store_mode_problems(late)[0]
