@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -596,3 +597,33 @@ def test_store_mode_outage_is_measured_and_must_serve_again():
     assert "1 requests failed after recovery" in " ".join(drills.failure_problems(r))
     late = dict(r, serving_back_s=None, recovery_epoch=None)
     assert "did not serve 3 requests in a row within 120 s" in drills.store_mode_problems(late)[0]
+
+
+def test_a_wedged_instance_after_the_drills_fails_them_with_its_stacks(tmp_path, monkeypatch):
+    """held_problems: every instance must hold no request (running + waiting, what the drain waits on) within the
+    goal; one that still does gets SIGUSR1 (its stacks into its journal), the journal is kept, and the drills fail
+    naming it. An instance that empties in time passes."""
+    assert drills.held('vllm:num_requests_running{model_name="m"} 1.0\nvllm:num_requests_waiting{model_name="m"} 2.0\n'
+                       'vllm:num_requests_running_total 9\n') == 3.0
+    assert drills.held(None) is None
+
+    class Inv:
+        def instances(self, groups):
+            return [("prefill1", "prefill0", 8100), ("prefill1", "prefill1", 8101)]
+    answers = {8100: ['vllm:num_requests_running{m="x"} 0.0\n'] * 99,
+               8101: ['vllm:num_requests_waiting{m="x"} 2.0\n'] * 99}
+    sent = []
+    monkeypatch.setattr(drills, "http_get", lambda host, url, timeout=3: answers[int(url.rsplit(":", 1)[1].split("/")[0])].pop())
+    monkeypatch.setattr(drills, "wait_for", lambda pred, limit, step=0.5: 0.0 if pred() else None)
+    monkeypatch.setattr(drills.time, "sleep", lambda s: None)
+
+    def sh(host, *cmd, check=True):
+        sent.append((host,) + cmd)
+        return types.SimpleNamespace(stdout="Dec 07 kv-load thread: File \"worker.py\", line 1261 in _handle_request\n")
+    monkeypatch.setattr(drills, "sh", sh)
+    (problem,) = drills.held_problems(Inv(), {"prefill1": "172.30.0.21"}, 90, tmp_path, 1000.0)
+    assert problem.startswith("prefill1/prefill1 still holds 2.0 requests 90 s after the drills' load stopped")
+    assert ("prefill1", "systemctl", "kill", "-s", "USR1", "vllm@prefill1") in sent
+    assert "_handle_request" in (tmp_path / "held-prefill1-prefill1.txt").read_text()
+    answers[8101] = ['vllm:num_requests_waiting{m="x"} 0.0\n'] * 99
+    assert drills.held_problems(Inv(), {"prefill1": "172.30.0.21"}, 90, tmp_path, 1000.0) == []
