@@ -22,7 +22,8 @@ operator relies on:
     open (plugins/tools/pd_bundle_store_breaker.py): no request sent after STORE_GRACE_S of the stop may fail, and a
     store hit (a fresh prompt computed on one prefill loaded from the store by the other) must come back within
     STORE_HIT_GOAL_S of the units' return, with no restart;
-  - a gray failure (issue 44; also alone: --partition-only, make lab-partition; --gray-only, make lab-gray): every packet one prefill instance sends to one decode host dropped for PARTITION_S
+  - a gray failure (issue 44; also alone: --partition-only, make lab-partition; --gray-only, make lab-gray): every
+    packet one prefill instance sends to one decode host dropped for PARTITION_S
     (a net_cls class for the instance's processes, an nft rule on the prefill host; every process stays up and
     answers /health), then the path restored. On the lab that wedges the pair for good ("Timeout waiting for P side
     ready") until its prefill restarts. Goals: no request of the load fails (the other pairs serve, and one routed
