@@ -253,13 +253,21 @@ def vllm_commands(wheel):
             for name, target in scripts.items()}
 
 
+def _vllm_units(root):
+    return sorted(Path(root).glob("*/etc/systemd/system/vllm@.service"))
+
+
+def _exec_argv(unit):
+    """A unit file's ExecStart, split as a shell would (systemd's ${VAR} stays one token)."""
+    return shlex.split(next(l.split("=", 1)[1] for l in unit.read_text().splitlines() if l.startswith("ExecStart=")))
+
+
 def rendered_commands(render_dir):
     """[(host, file, script, subcommand)] of every vllm@.service in a render: ExecStart's program name and its first
     argument."""
     root, out = Path(render_dir), []
-    for unit in sorted(root.glob("*/etc/systemd/system/vllm@.service")):
-        exec_start = next(l.split("=", 1)[1] for l in unit.read_text().splitlines() if l.startswith("ExecStart="))
-        argv = shlex.split(exec_start)
+    for unit in _vllm_units(root):
+        argv = _exec_argv(unit)
         out.append((unit.relative_to(root).parts[0], unit.relative_to(root), Path(argv[0]).name,
                     argv[1] if len(argv) > 1 else ""))
     return out
@@ -455,10 +463,9 @@ def _flags(tokens):
 def rendered(render_dir):
     """[(program, host, file, [flags])] and [(host, file, kv_transfer_config)] of a render directory."""
     root, cmds, kv = Path(render_dir), [], []
-    for unit in sorted(root.glob("*/etc/systemd/system/vllm@.service")):
+    for unit in _vllm_units(root):
         host = unit.relative_to(root).parts[0]
-        exec_start = next(l.split("=", 1)[1] for l in unit.read_text().splitlines() if l.startswith("ExecStart="))
-        cmds.append(("vllm", host, unit.relative_to(root), _flags(shlex.split(exec_start))))
+        cmds.append(("vllm", host, unit.relative_to(root), _flags(_exec_argv(unit))))
         for env_file in sorted((root / host / "etc" / "vllm").glob("*.env")):
             env = _env(env_file)
             if "SERVE_EXTRA_ARGS" in env:

@@ -737,14 +737,9 @@ def store_hit(inv, model, words=200):
     return ok_b and got > 0, f"{hb} loaded {got:.0f} tokens from the store"
 
 
-def drill_store_outage(lab, inv, kind, hosts, unit, outage_s, hit_goal_s):
-    """A gray failure of the store tier (issue 44): UNIT stopped on HOSTS (both masters; or 2 of 3 etcd members, so
-    etcd loses quorum) for outage_s, every other process up. The store tier must fail open: no request sent after
-    STORE_GRACE_S of the stop may fail (the breaker's bound plus the requests already waiting on the store), and a
-    store hit (store_hit) must come back within hit_goal_s of the units' return, with no restart."""
-    lab.router_settled()
-    hit_before = wait_for(lambda: store_hit(inv, lab.model)[0], 60, step=1)
-    prefills = list(inv.instances(["vllm_prefill"]))
+def stop_for(hosts, unit, outage_s):
+    """UNIT stopped on every one of HOSTS for outage_s, then started again (also when interrupted); returns the epochs
+    of the stop and of the return."""
     fault_epoch = time.time()
     for host in hosts:
         sh(host, "systemctl", "stop", unit)
@@ -753,7 +748,18 @@ def drill_store_outage(lab, inv, kind, hosts, unit, outage_s, hit_goal_s):
     finally:
         for host in hosts:
             sh(host, "systemctl", "start", unit, check=False)
-    back_epoch = time.time()
+    return fault_epoch, time.time()
+
+
+def drill_store_outage(lab, inv, kind, hosts, unit, outage_s, hit_goal_s):
+    """A gray failure of the store tier (issue 44): UNIT stopped on HOSTS (both masters; or 2 of 3 etcd members, so
+    etcd loses quorum) for outage_s, every other process up. The store tier must fail open: no request sent after
+    STORE_GRACE_S of the stop may fail (the breaker's bound plus the requests already waiting on the store), and a
+    store hit (store_hit) must come back within hit_goal_s of the units' return, with no restart."""
+    lab.router_settled()
+    hit_before = wait_for(lambda: store_hit(inv, lab.model)[0], 60, step=1)
+    prefills = list(inv.instances(["vllm_prefill"]))
+    fault_epoch, _ = stop_for(hosts, unit, outage_s)
     detail = {}
 
     def hit():
@@ -788,15 +794,7 @@ def drill_store_mode_outage(lab, kind, hosts, unit, outage_s, back_goal_s):
     requests of the outage are measured (outage_spans). Goal: the router serves 3 requests in a row within back_goal_s
     of the units' return, with no restart of anything; failure_problems then holds every later request to 0 failed."""
     lab.router_settled()
-    fault_epoch = time.time()
-    for host in hosts:
-        sh(host, "systemctl", "stop", unit)
-    try:
-        time.sleep(outage_s)
-    finally:
-        for host in hosts:
-            sh(host, "systemctl", "start", unit, check=False)
-    back_epoch = time.time()
+    fault_epoch, back_epoch = stop_for(hosts, unit, outage_s)
     serving = wait_for(lab.router_ok_n, back_goal_s, step=1)
     return {"drill": f"store mode: {kind} ({outage_s} s)", "kind": f"store mode: {kind}", "host": ",".join(hosts),
             "unit": unit, "outage_s": outage_s, "back_epoch": back_epoch,

@@ -129,6 +129,15 @@ def store_wait_constant(name, tool='pd_bundle_store_wait.py'):
                 and [t.id for t in node.targets if isinstance(t, ast.Name)] == [name])
 
 
+def this_run_journal(host, unit):
+    """Every line the unit's processes wrote in its current run (the engine core's stderr included)."""
+    invocation = host.check_output('systemctl show -p InvocationID --value %s' % unit)
+    assert invocation, '%s has no current run' % unit
+    log = run_as_root(host, 'journalctl _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager' % invocation)
+    assert log.rc == 0, log.stderr[-500:]
+    return log.stdout
+
+
 def assert_patch_active(host, tool, env_const, line_const, wanted):
     """Every prefill instance on host whose env file sets the patch's variable (env_const of tool) to a value wanted()
     accepts printed the patch's line (line_const) in this run of its unit; returns how many were checked. A patch that
@@ -143,10 +152,7 @@ def assert_patch_active(host, tool, env_const, line_const, wanted):
                   if ln.startswith(env_var + '=')]
         if not values or not wanted(values[-1]):
             continue
-        invocation = host.check_output('systemctl show -p InvocationID --value vllm@%s' % name)
-        log = run_as_root(host, 'journalctl _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager' % invocation)
-        assert log.rc == 0, log.stderr[-500:]
-        assert active in log.stdout, 'vllm@%s sets %s=%s but its journal of this run has no %r line: not hooked' % (
+        assert active in this_run_journal(host, 'vllm@%s' % name), 'vllm@%s sets %s=%s but its journal of this run has no %r line: not hooked' % (
             name, env_var, values[-1], active)
         checked += 1
     return checked
@@ -178,9 +184,7 @@ def test_instances_run_vllm_serve(host):
         assert script is not None and argv[script + 1] == 'serve', 'vllm@%s (pid %s) runs %s, not %s/bin/vllm serve' % (
             name, pid, ' '.join(argv[:4]), venv)
         if no_vllm_dist:
-            invocation = host.check_output('systemctl show -p InvocationID --value vllm@%s' % name)
-            log = run_as_root(host, 'journalctl _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager' % invocation)
-            assert active in log.stdout, 'vllm@%s: the venv has no vllm distribution and its journal of this run has ' \
+            assert active in this_run_journal(host, 'vllm@%s' % name), 'vllm@%s: the venv has no vllm distribution and its journal of this run has ' \
                 'no %r line' % (name, active)
 
 
@@ -211,16 +215,12 @@ def test_store_lookup_wait_is_active(host):
         if int(env.get(env_var) or 0) <= 0:
             continue  # vllm_store_lookup_wait_ms: 0, the wait is off
         unit = 'vllm@%s' % name
-        invocation = host.check_output('systemctl show -p InvocationID --value %s' % unit)
-        assert invocation, '%s has no current run' % unit
-        # Every line the unit's processes wrote in this run (the engine core's stderr included).
-        log = run_as_root(host, 'journalctl _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager' % invocation)
-        assert log.rc == 0, log.stderr[-500:]
+        log = this_run_journal(host, unit)
         want = 'retried for up to %s ms' % env[env_var]
-        lines = [ln for ln in log.stdout.splitlines() if active in ln]
+        lines = [ln for ln in log.splitlines() if active in ln]
         assert any(want in ln for ln in lines), \
             '%s sets %s=%s, but its journal of this run (%d lines) has no %r line with %r: the wait is not hooked ' \
-            '(found: %s)' % (unit, env_var, env[env_var], len(log.stdout.splitlines()), active, want, lines or 'none')
+            '(found: %s)' % (unit, env_var, env[env_var], len(log.splitlines()), active, want, lines or 'none')
         checked += 1
     if not checked:
         pytest.skip('no decode instance here runs the store mode with a lookup wait')
