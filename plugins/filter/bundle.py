@@ -177,7 +177,8 @@ def master_local_url(host, hostvars):
 def router_endpoints(router_hosts, hostvars):
     """Every router as the other roles reach it: address, port and url from another host (its bind address,
     or its cluster address when it binds every address), local_url on its own host (router_local_url), and the
-    header its key asks for ({} without one). The entry's backends and the vLLM drain read this list."""
+    header its key asks for ({} without one), and its implementation (vllm-router or smg: which worker API it has).
+    The entry's backends and the vLLM drain read this list."""
     out = []
     for h in router_hosts or []:
         bind = router_bind(h, hostvars)
@@ -187,7 +188,8 @@ def router_endpoints(router_hosts, hostvars):
         out.append({'host': h, 'address': addr, 'port': port,
                     'url': 'http://%s:%s' % ('[%s]' % addr if ':' in addr else addr, port),
                     'local_url': router_local_url(h, hostvars),
-                    'headers': {'Authorization': 'Bearer ' + key} if key else {}})
+                    'headers': {'Authorization': 'Bearer ' + key} if key else {},
+                    'implementation': str(host_cfg(h, hostvars).get('vllm_router_implementation') or 'vllm-router')})
     return out
 
 
@@ -828,7 +830,9 @@ VENVS = {
     'mooncake': ('engine', lambda c: [_pin(c, 'mooncake_package', 'mooncake_version')]),
     'vllm': ('vllm', lambda c: [_pin(c, 'vllm_package', 'vllm_version'), _pin(c, 'mooncake_package', 'mooncake_version')]
              + list(c.get('vllm_pip_extra_packages') or [])),
-    'vllm-router': ('router', lambda c: ['vllm-router==%s' % c.get('vllm_router_version')]),
+    # Both router programs (vllm_router_implementation): moving a router between them changes its unit, not its venv.
+    'vllm-router': ('router', lambda c: ['vllm-router==%s' % c.get('vllm_router_version'),
+                                         'smg==%s' % c.get('vllm_router_smg_version')]),
 }
 
 

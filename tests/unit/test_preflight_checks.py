@@ -285,6 +285,10 @@ FAILING = {
                              ["vllm_mooncake_store_config.protocol on gpu-d1", "mooncake_protocol"]),
     "managed_router_args": ("router-1", with_vars("router-1", vllm_router_extra_args=["--port", "9000"]), None,
                             ["vllm_router_extra_args on router-1 repeats --port"]),
+    "router_implementation": ("router-1", with_vars("router-1", vllm_router_implementation="smg",
+                                                    vllm_router_prefill_policy="consistent_hash"), None,
+                              ["vllm_router_prefill_policy=\"consistent_hash\" on router-1 is not a prefill policy of smg",
+                               "it is one of vllm-router", "consistent_hashing"]),
     "managed_master_args": ("ctl-1", with_vars("ctl-1", mooncake_master_extra_args=["-rpc_port=50052"]), None,
                             ["mooncake_master_extra_args on ctl-1 repeats -rpc_port (item 0)"]),
     "managed_etcd_env": ("ctl-1", with_vars("ctl-1", etcd_extra_env={"ETCD_DATA_DIR": "/data/etcd"}), None,
@@ -812,3 +816,32 @@ def test_the_run_once_forms_give_the_per_host_messages():
     view = pc.runner._HostvarsWithCfgs(bare, {"gpu-d1": {"a": 1}})
     assert view["gpu-d1"]["_preflight_cfg"] == {"a": 1} and view["gpu-d1"]["ansible_host"] == "10.0.1.31"
     assert "_preflight_cfg" not in view["gpu-p1"] and len(view) == len(bare) and set(view["gpu-d1"]) >= {"ansible_host"}
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({"vllm_router_implementation": "smg"}, []),
+    ({"vllm_router_implementation": "smg", "vllm_router_prefill_policy": "prefix_hash"}, []),
+    ({"vllm_router_prefill_policy": "prefix_hash"},
+     ['vllm_router_prefill_policy="prefix_hash" on router-1 is not a prefill policy of vllm-router', "one of smg"]),
+    ({"vllm_router_implementation": "smg", "vllm_router_decode_policy": "consistent_hash"},
+     ['vllm_router_decode_policy="consistent_hash" on router-1 is not a decode policy of smg',
+      "set vllm_router_implementation to vllm-router"]),
+    (dict(STORE, vllm_router_implementation="smg"),
+     ['vllm_router_implementation="smg" on router-1 is smg while the router runs nixl PD mode',
+      "set vllm_router_implementation: vllm-router for store mode"]),
+    ({"vllm_router_implementation": "smg", "vllm_router_prefill_urls": [{"url": "http://10.0.1.21:8100",
+                                                                        "bootstrap_port": 8998}]},
+     ["vllm_router_prefill_urls on router-1 item 0 (http://10.0.1.21:8100) has no engine_id", "add engine_id"]),
+    ({"vllm_router_implementation": "smg", "vllm_router_extra_args": ["--api-key", "k"]},
+     ["vllm_router_extra_args on router-1 repeats --api-key"]),
+    ({"vllm_router_implementation": "smg", "vllm_router_extra_args": ["--discovery-file", "/x"]},
+     ["vllm_router_extra_args on router-1 repeats --discovery-file"]),
+])
+def test_router_implementation_cases(values, expected):
+    """smg and vllm-router each have their own policies, PD modes and flags: what one lacks is refused by name."""
+    inv = with_vars("router-1", **values)
+    errors = "\n".join(run("router_implementation", inv, None, "router-1") + run("managed_router_args", inv, None,
+                                                                                "router-1"))
+    assert bool(errors) == bool(expected), errors
+    for text in expected:
+        assert text in errors, errors

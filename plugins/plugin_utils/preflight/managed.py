@@ -9,6 +9,7 @@ import re
 from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
 from ansible_collections.pd_bundle.serving.plugins.filter import managed as _managed
 from ansible_collections.pd_bundle.serving.plugins.filter import preflight as _pf
+from ansible_collections.pd_bundle.serving.plugins.filter import smg as _smg
 from ansible_collections.pd_bundle.serving.plugins.filter import target_rules as _rules
 
 from .core import _iname, _instances, _is_list, _j, _option, _roles, check, refuse
@@ -70,13 +71,17 @@ def managed_store_config(cfg, host, groups, specs):
             for key in sorted(store) if key in _managed.MOONCAKE_JSON]
 
 
-def _router_flags():
-    """Every flag bundle_router_argv can emit (the router's command line is its own table)."""
+def _router_flags(implementation='vllm-router'):
+    """Every flag the router's argv can emit (bundle_router_argv, or bundle_smg_argv for smg: the command line is
+    its own table), and for smg --api-key (its launcher adds it in process)."""
     cfg = {k: '1' for k in ('kv_connector', 'host', 'port', 'prefill_policy', 'decode_policy', 'prometheus_host',
                             'prometheus_port', 'health_check_interval_secs', 'health_failure_threshold',
-                            'health_success_threshold')}
+                            'health_success_threshold', 'manifest', 'discovery_interval_secs', 'shutdown_grace_secs')}
     cfg.update(max_concurrent_requests=1, request_timeout_secs=1, extra_args=[])
-    argv = _bundle.router_argv(cfg, [{'url': 'u', 'bootstrap_port': 1}], ['u'])
+    if implementation == 'smg':
+        argv = _smg.smg_argv(cfg) + ['--api-key']
+    else:
+        argv = _bundle.router_argv(cfg, [{'url': 'u', 'bootstrap_port': 1}], ['u'])
     return sorted({a for a in argv if a.startswith('--')})
 
 
@@ -91,7 +96,7 @@ def managed_router_args(cfg, host, groups, specs):
     tokens = cfg.get('vllm_router_extra_args')
     if not _is_list(tokens):
         return []
-    managed = _router_flags()
+    managed = _router_flags(str(cfg.get('vllm_router_implementation') or 'vllm-router'))
     out = []
     for i, tok in enumerate(str(t) for t in tokens):
         flag = tok.split('=', 1)[0]
@@ -286,3 +291,50 @@ def values_gid_index(cfg, host, groups, specs):
 
             for n, i in _instances(cfg)
             if i.get('gid_index') is not None and _pf.is_intlike(i['gid_index']) and not 0 <= int(i['gid_index']) <= 255]
+
+
+# --- the router program (vllm_router_implementation): what each one has ---------------------------------
+
+@check('managed', role='router')
+def router_implementation(cfg, host, groups, specs):
+    """The router's policies are ones its program has (smg.POLICIES: vllm-router's consistent_hash is smg's
+    consistent_hashing); smg runs P2P only (store mode, vllm-router's sequential nixl mode, is not built on smg); and
+    smg's prefills carry the engine id it registers them with (an explicit vllm_router_prefill_urls entry needs one)."""
+    impl = str(cfg.get('vllm_router_implementation') or 'vllm-router')
+    if impl not in _smg.POLICIES:
+        return []  # argument_specs refuses it
+    out = []
+    for kind in ('prefill', 'decode'):
+        var = 'vllm_router_%s_policy' % kind
+        sources = [(var, cfg.get(var))] + [
+            ('vllm_pools[%s].settings.%s' % (p.get('name'), var), p['settings'][var]) for p in cfg.get('vllm_pools') or []
+            if isinstance(p, dict) and isinstance(p.get('settings'), dict) and p['settings'].get(var) is not None
+            and host in (p.get('routers') or [])]
+        for name, value in sources:
+            others = [i for i in _smg.IMPLEMENTATIONS if i != impl and str(value) in _smg.POLICIES[i][kind]]
+            if value is None or str(value) in _smg.POLICIES[impl][kind] or (not others and name == var):
+                continue  # a value no program has: argument_specs refuses it (a pool's setting has no spec)
+            out.append(refuse(name, host, 'is not a %s policy of %s (vllm_router_implementation)%s' % (
+                kind, impl, '; it is one of %s' % ', '.join(others) if others else ''),
+                'choose one of %s, or set vllm_router_implementation to %s.' % (
+                    ', '.join(_smg.POLICIES[impl][kind]), ' or '.join(others) if others else 'another program'),
+                value=value))
+    if impl == 'smg':
+        mode = cfg.get('vllm_router_kv_connector')
+        mode = mode if isinstance(mode, str) and '{' not in mode else (
+            'nixl' if cfg.get('vllm_kv_connector') == _bundle.STORE_CONNECTOR else 'mooncake')  # the role's default
+        if mode not in _smg.KV_CONNECTORS:
+            out.append(refuse('vllm_router_implementation', host, 'is smg while the router runs %s PD mode '
+                              '(vllm_kv_connector %s): smg with store mode is not built (its sequential mode was not run)'
+                              % (mode, cfg.get('vllm_kv_connector')),
+                              'set vllm_router_implementation: vllm-router for store mode, or vllm_kv_connector: '
+                              'MooncakeConnector.', value=impl))
+        urls = cfg.get('vllm_router_prefill_urls')
+        for i, p in enumerate(urls if _is_list(urls) else []):
+            if isinstance(p, dict) and not p.get('engine_id'):
+                out.append(refuse('vllm_router_prefill_urls', host, 'item %d (%s) has no engine_id: smg registers a '
+                                  'prefill with the Mooncake engine id its bootstrap server names, and one without it '
+                                  'goes through passthrough (decode recomputes every prompt)' % (i, p.get('url')),
+                                  'add engine_id (the instance\'s kv_transfer_config engine_id, <host>-<instance> by '
+                                  'the bundle) to the entry.'))
+    return out
