@@ -453,7 +453,7 @@ def bundle_status_host_rows(r):
     """One host's rows. r: {host, etcd, master, vllm_role ('prefill'|'decode'|None), router (bools),
     services (service_facts), etcd_version, etcd_health, master_health, master_pip, master_package,
     vllm_instances, vllm_versions, vllm_health (uri loop results), selection (rdma_instance_selection),
-    protocol, router_pip, router_health}; uri results are what ansible.builtin.uri registered."""
+    protocol, router_pip, router_program (vllm_router_implementation), router_health}; uri results are what ansible.builtin.uri registered."""
     svc, rows = r.get('services') or {}, []
     if r.get('etcd'):
         u, h = _unit(svc, 'etcd'), r.get('etcd_health') or {}
@@ -513,8 +513,11 @@ def bundle_status_host_rows(r):
                   if isinstance(pre, dict) and isinstance(dec, dict) else '')
         # Its workers against the inventory (plugins/filter/membership.py): red while they differ (issue 32).
         members = list(r.get('router_membership') or [])
+        # The program the unit runs (vllm_router_implementation): its package's version, named when it is smg.
+        program = str(r.get('router_program') or 'vllm-router')
+        version = ((r.get('router_pip') or {}).get(program) or [{}])[0].get('version')
         rows.append({'unit': 'vllm-router', 'state': u.get('state'), 'status': u.get('status'),
-                     'version': ((r.get('router_pip') or {}).get('vllm-router') or [{}])[0].get('version'),
+                     'version': version if program == 'vllm-router' or version is None else '%s %s' % (program, version),
                      'health': ('ready' if status == 200 else 'readiness %s' % status) + counts
                      + ('; membership differs: ' + _trunc('; '.join(members), 120) if members else ''),
                      'health_ok': status == 200 and not members})
