@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test core-range-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-proof lab-scale lab-pools lab-partition lab-gray lab-store-mode molecule-test rdma-test clean
+.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test core-range-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-proof lab-scale lab-pools lab-partition lab-gray lab-store-mode lab-router-move molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -167,6 +167,10 @@ lab-gray: venv
 # -e vllm_kv_connector=MooncakeStoreConnector first (make test's converge-store step leaves it so).
 lab-store-mode: venv
 	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/drills.py --store-mode --out lab-results/store-mode.json
+
+# Issue 52 item 7: every router moves to smg and back to the inventory's program under the SDK load, 0 failed.
+lab-router-move: venv
+	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/router-move.py --out lab-results/router-move.json
 
 lab-rolling: venv
 	ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) scripts/lab/rolling-test.sh $(CURDIR)/lab-results

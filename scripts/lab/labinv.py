@@ -19,6 +19,7 @@ Plain YAML (no Ansible); the client key (client_key(), for the scripts' load loo
 lab's vault (ansible-vault view with the LAB-ONLY password), never printed by this CLI.
 """
 import argparse
+import json
 import functools
 import os
 import runpy
@@ -123,6 +124,21 @@ class Lab:
 
     def router_url(self):
         return f"http://{self.ips[self.router_host()]}:{self.var('vllm_router_port')}"
+
+    def router_workers(self, router, timeout=3):
+        """ROUTER's GET /workers list ([] on no answer), asked on its own host with the routers' key: smg demands it
+        there (vllm-router ignores it). The key is read from its 0600 file inside the container, so it is on no
+        command line of this machine."""
+        key_file = role_var("vllm_router", "_vllm_router_key_file")
+        url = f"http://{self.host_ip(router)}:{self.var('vllm_router_port')}/workers"
+        cmd = (f"curl -s -m {int(timeout)} -H \"Authorization: Bearer $(sed -n 's/^VLLM_ROUTER_API_KEY=//p' {key_file})\" "
+               f"{url}")
+        res = subprocess.run([os.environ.get("DOCKER", "docker"), "exec", router, "sh", "-c", cmd], capture_output=True,
+                             text=True, timeout=timeout + 20)
+        try:
+            return json.loads(res.stdout or "{}").get("workers", [])
+        except ValueError:
+            return []
 
 
 def _home_lookup(value):

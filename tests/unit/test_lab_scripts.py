@@ -627,3 +627,26 @@ def test_a_wedged_instance_after_the_drills_fails_them_with_its_stacks(tmp_path,
     assert "_handle_request" in (tmp_path / "held-prefill1-prefill1.txt").read_text()
     answers[8101] = ['vllm:num_requests_waiting{m="x"} 0.0\n'] * 99
     assert drills.held_problems(Inv(), {"prefill1": "172.30.0.21"}, 90, tmp_path, 1000.0) == []
+
+
+def test_router_move_problems_fail_a_router_that_does_not_move_or_moves_uninvited():
+    """scripts/lab/router-move.py: a router whose program changes must restart onto it; one that keeps it must not."""
+    move = _load("router_move", "router-move.py")
+    before = {"r1": ("10", "smg"), "r2": ("20", "vllm-router")}
+    want = {"r1": "smg", "r2": "smg"}
+    assert move.move_problems("to smg", before, {"r1": ("10", "smg"), "r2": ("21", "smg")}, want) == []
+    probs = move.move_problems("to smg", before, {"r1": ("11", "smg"), "r2": ("20", "vllm-router")}, want)
+    assert "to smg: r1 restarted (PID 10 -> 11) though it already ran smg" in probs
+    assert "to smg: r2 runs 'vllm-router', not smg" in probs
+    assert move.move_problems("x", {"r2": ("20", "vllm-router")}, {"r2": ("20", "smg")}, {"r2": "smg"}) == \
+        ["x: r2 did not restart onto smg"]
+
+
+def test_scale_problems_fail_an_smg_router_that_restarts():
+    scale = _load("scale_test", "scale-test.py")
+    step = {"name": "spare1 joins vllm_decode", "kind": "out", "rc": 0, "served": True, "model_load_s": 20,
+            "scale_out_s": 25, "router_pids_before": {"router1": "1", "router2": "2"},
+            "router_pids_after": {"router1": "3", "router2": "4"}}
+    assert scale.scale_problems(step, 30) == []  # vllm-router restarts for a join: reported, not a goal
+    assert scale.scale_problems(step, 30, ["router1"]) == [
+        "spare1 joins vllm_decode: smg router(s) router1 restarted (a manifest change restarts nothing)"]

@@ -136,7 +136,7 @@ REGISTRATION_ORDER = [
     # managed
     'managed_vllm_args', 'managed_vllm_env', 'managed_store_config', 'managed_router_args', 'managed_master_args',
     'managed_etcd_env', 'values_vllm_args', 'values_settings', 'values_restart_batch', 'values_etcd_timing',
-    'values_systemd', 'values_gid_index',
+    'values_systemd', 'values_gid_index', 'router_implementation',
     # sandbox
     'sandbox_hidden', 'sandbox_read_only', 'sandbox_pool_models',
     # addresses
