@@ -77,6 +77,9 @@ sys.path.insert(0, str(HERE))
 import load  # noqa: E402  (scripts/lab/load.py)
 from labinv import Lab as LabInventory, role_var  # noqa: E402  (the lab's names and addresses, from its inventory)
 import runpy  # noqa: E402
+# The shared library (scripts/lab/lablib.py), re-exported here for the callers and tests that reach them in drills.
+from lablib import (DOCKER, INSTANCE_KEY_FILE, RECOMPUTE_MARK, complete, http_get, ip_of, master_roles,  # noqa: E402,F401
+                    metrics, recomputed, sh, stamped_lines, unit_state, wait_for)
 # The masters' HA key in etcd (plugins/filter/mooncake_etcd.py, which status.yml and tests/infra read too).
 _SIBLINGS = runpy.run_path(str(REPO / "plugins" / "filter" / "siblings.py"))["load"]
 MOONCAKE_ETCD = _SIBLINGS("mooncake_etcd", REPO / "plugins" / "filter")
@@ -129,8 +132,6 @@ VIP_DETECT_GOAL_S = 5.0
 FREEZE_S = 25
 RESUME_WATCH_S = 15
 
-DOCKER = os.environ.get("DOCKER", "docker")
-
 # The gray-failure drill (issue 44): the cut's length, and how soon after the path's return the pair must pass a
 # canary again (healed with no person).
 PARTITION_S = 40
@@ -166,71 +167,6 @@ HELD_GOAL_S = 90
 HELD_RE = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} ([0-9.e+-]+)$", re.M)
 
 
-def sh(host, *cmd, check=True, timeout=180, input=None):  # noqa: A002 - subprocess.run's name
-    """Run a command in a lab container (input: text for its stdin)."""
-    res = subprocess.run([DOCKER, "exec", *(["-i"] if input is not None else []), host, *cmd], capture_output=True,
-                         text=True, timeout=timeout, input=input)
-    if check and res.returncode != 0:
-        raise RuntimeError(f"{host}: {' '.join(cmd)} -> rc {res.returncode}: {res.stderr.strip()[:300]}")
-    return res
-
-
-# The key every vLLM instance demands on /v1/* (roles/vllm): read on the instance's own host, as root.
-INSTANCE_KEY_FILE = role_var("vllm", "_vllm_api_key_file")
-
-
-def http_get(host, url, timeout=3, key_file=None, body=None):
-    """GET a URL from inside a container (cluster ports are firewalled from this controller); with body (a dict),
-    POST it as JSON instead, passed on stdin. With key_file, the VLLM_API_KEY that file holds on that host goes
-    as the Bearer token; no key file there, no header. The key is read in the container: it is on no command
-    line. Returns the answer's text, None when the request failed."""
-    code = ("import os,sys,urllib.request\n"
-            f"f,h={key_file!r},{{}}\n"
-            "if f and os.path.exists(f):\n"
-            "    k=[l.split('=',1)[1].strip() for l in open(f) if l.startswith('VLLM_API_KEY=')]\n"
-            "    h={'Authorization':'Bearer '+k[0]} if k and k[0] else {}\n"
-            f"d=sys.stdin.read().encode() if {body is not None!r} else None\n"
-            "if d:\n"
-            "    h['Content-Type']='application/json'\n"
-            f"r=urllib.request.urlopen(urllib.request.Request({url!r},data=d,headers=h),timeout={timeout})\n"
-            "sys.stdout.write(r.read().decode())")
-    extra = {} if body is None else {"input": json.dumps(body)}
-    res = sh(host, "python3", "-c", code, check=False, timeout=timeout + 10, **extra)
-    return res.stdout if res.returncode == 0 else None
-
-
-def master_roles(masters, port, ip=None):
-    """{host: role} from each master's /health (leader, standby; asked on its host), 'down' when it does not
-    answer. ip: the host's lab address (default: docker's view, ip_of)."""
-    roles = {}
-    for host in masters:
-        out = http_get(host, f"http://{(ip or ip_of)(host)}:{port}/health")
-        roles[host] = json.loads(out).get("role", "?") if out else "down"
-    return roles
-
-
-def ip_of(host):
-    """The container's address on the lab network (the master binds its metrics port there)."""
-    res = subprocess.run([DOCKER, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-                          host], capture_output=True, text=True, timeout=30, check=True)
-    return res.stdout.strip()
-
-
-def unit_state(host, unit):
-    out = sh(host, "systemctl", "show", "-p", "ActiveState", "-p", "MainPID", "-p", "NRestarts", unit).stdout
-    return dict(line.split("=", 1) for line in out.split())
-
-
-def stamped_lines(text):
-    """(epoch, the rest of the line) of each line of `journalctl -o short-unix` text; lines without a stamp skipped."""
-    for line in text.splitlines():
-        stamp, _, rest = line.partition(" ")
-        try:
-            yield float(stamp), rest
-        except ValueError:
-            continue
-
-
 def vip_taken_from_journal(text, since_epoch, state="MASTER"):
     """The first "Entering <state> STATE" at or after since_epoch in `journalctl -o short-unix` text, or None.
     state may be a tuple: the first of any of them (BACKUP or FAULT: the host gave the VIP up)."""
@@ -245,33 +181,6 @@ def vrrp_state_from_journal(text):
     """The last "Entering <STATE> STATE" of keepalived's journal text (MASTER, BACKUP, FAULT, ...), or None."""
     states = re.findall(r"Entering (\w+) STATE", text or "")
     return states[-1] if states else None
-
-
-# A decode's journal line for a KV pull that failed and was computed again (kv_load_failure_policy recompute: the
-# lab's Mooncake TCP stall, docs/tcp-stall.md).
-RECOMPUTE_MARK = "pulling kv_caches for"
-
-
-def recomputed(decode_units, since):
-    """The decode journals' recompute lines ("host: line") since the epoch since; decode_units: (host, unit) pairs."""
-    lines = []
-    for host, unit in decode_units:
-        out = sh(host, "journalctl", "-u", unit, "--since", "@%d" % int(since), "--no-pager", check=False).stdout
-        lines += ["%s: %s" % (host, x) for x in out.splitlines() if RECOMPUTE_MARK in x]
-    return lines
-
-
-def wait_for(pred, limit, step=0.5):
-    """Seconds until pred() is true, or None after limit seconds."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < limit:
-        try:
-            if pred():
-                return time.monotonic() - t0
-        except Exception:  # noqa: BLE001 - a probe that errors simply is not ready yet
-            pass
-        time.sleep(step)
-    return None
 
 
 class Lab:
@@ -720,9 +629,8 @@ def store_hit(inv, model, words=200):
     connector puts its blocks), then sent to the second, which must load some of it from the store (its
     prompt_tokens_by_source external_kv_transfer grows). (ok, detail)."""
     import random  # noqa: PLC0415
-    from reuse import metrics  # noqa: PLC0415  (scripts/lab/reuse.py; it imports this module)
-    from reuse_workload import WORDS, parse_sources  # noqa: PLC0415
-    from store_tier import complete  # noqa: PLC0415
+    sys.path.insert(0, str(HERE.parent / "bench"))
+    from reuse_workload import WORDS, parse_sources  # noqa: PLC0415  (scripts/bench)
     (ha, _, pa), (hb, _, pb) = list(inv.instances(["vllm_prefill"]))[:2]
     nonce = f"{time.time()}-{random.randrange(10 ** 6)}"
     prompt = f"Store back {nonce}. " + " ".join(random.Random(nonce).choice(WORDS) for _ in range(words))

@@ -30,7 +30,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from drills import http_get, recomputed, sh, unit_state, wait_for  # noqa: E402  (docker exec helpers of the lab scripts)
+from lablib import http_get, recomputed, sh, unit_state, wait_for  # noqa: E402  (docker exec helpers of the lab scripts)
 import load as lab_load  # noqa: E402  (scripts/lab/load.py)
 from labinv import Lab as LabInventory, role_var  # noqa: E402
 import runpy  # noqa: E402

@@ -40,12 +40,14 @@ import uuid
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))  # reuse_workload
 import labinv  # noqa: E402
 import load  # noqa: E402
 
-from drills import sh  # noqa: E402  (a command in a lab container)
+from lablib import sh  # noqa: E402  (a command in a lab container)
 from labinv import role_var  # noqa: E402  (a role's internal variable, where it is defined)
-from reuse import metrics, parse_sources  # noqa: E402  (an instance's /metrics read on its host; tokens by source)
+from lablib import metrics  # noqa: E402  (an instance's /metrics read on its host)
+from reuse_workload import parse_sources  # noqa: E402  (scripts/bench: tokens by source)
 
 OVERLAY = os.path.join(REPO, "molecule", "default", "pools.yml")
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "bench"))
 from reuse_workload import block_size_of, decisions, decisions_delta, parse_sources, perfect_cache_tokens, run, summarize  # noqa: E402,F401
 import load  # noqa: E402  (scripts/lab/load.py: the SDK client)
-from drills import DOCKER, http_get  # noqa: E402  (the docker client; a GET from inside a lab container)
+from lablib import DOCKER, http_get, metrics  # noqa: E402,F401  (the docker client; a GET and /metrics from inside a lab container)
 from labinv import Lab  # noqa: E402
 
 
@@ -49,14 +49,6 @@ def reuse_problems(r, goal):
         return [f"prefill computed {r['computed_tokens']:.0f} prompt tokens, {ratio:.2f}x the perfect cache's "
                 f"{r['perfect_tokens']} (goal <= {goal}x, policy {r.get('policy')})"]
     return []
-
-
-def metrics(host, port, lab):
-    """The /metrics text at host's own address and port, read inside host (drills.http_get); raises if unread."""
-    text = http_get(host, f"http://{lab.ips[host]}:{port}/metrics", timeout=10)
-    if text is None:
-        raise RuntimeError(f"{host}: no answer from :{port}/metrics")
-    return text
 
 
 def tokenize(host, port, lab, prompts):

@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import labinv  # noqa: E402
 import load  # noqa: E402
-from drills import recomputed  # noqa: E402  (the decode journals' recompute lines)
+from lablib import recomputed  # noqa: E402  (the decode journals' recompute lines)
 
 
 def sh(host, *cmd, check=True, timeout=60):

@@ -37,10 +37,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from drills import DOCKER, INSTANCE_KEY_FILE, http_get, master_roles  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "bench"))
+from lablib import DOCKER, INSTANCE_KEY_FILE, complete, http_get, master_roles, metrics  # noqa: E402,F401
 from labinv import Lab  # noqa: E402
-from reuse import metrics  # noqa: E402
-from reuse_workload import WORDS, block_size_of, parse_sources  # noqa: E402  (scripts/bench, on the path via reuse)
+from reuse_workload import WORDS, block_size_of, parse_sources  # noqa: E402  (scripts/bench)
 
 STORE_KEYS_RE = re.compile(r'^vllm:mooncake_store_operation_keys_total\{([^}]*)\}\s+(\S+)', re.M)
 
@@ -87,15 +87,6 @@ def tier_problems(r):
                    f"{r['loadable_tokens']} loadable ones (computed {r['b_computed_tokens']:.0f}; "
                    f"{r['a']} put {r['a_put_keys']:.0f} keys)")
     return out
-
-
-def complete(host, ip, port, model, prompt, timeout=120):
-    """POST /v1/completions to an instance from its own host, with the key read there. Returns (ok, detail)."""
-    out = http_get(host, f"http://{ip}:{port}/v1/completions", timeout=timeout, key_file=INSTANCE_KEY_FILE,
-                   body={"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
-    if out is None:
-        return False, f"{host}: POST /v1/completions on :{port} failed"
-    return True, json.loads(out).get("usage", {})
 
 
 MASTER_COUNTER_RE = re.compile(r'^([a-z_]+)\s+(\S+)', re.M)

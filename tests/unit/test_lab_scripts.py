@@ -204,7 +204,9 @@ def test_vllm_serving_sends_the_instance_key_read_on_its_host(tmp_path, monkeypa
         argvs.append(cmd)
         return subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True, timeout=timeout)
 
+    # sh lives in the harness's shared library (scripts/lab/lablib.py), which http_get calls; drills re-exports it.
     monkeypatch.setattr(drills, "sh", local_sh)
+    monkeypatch.setattr(sys.modules["lablib"], "sh", local_sh)
     monkeypatch.setattr(drills, "ip_of", lambda host: "127.0.0.1")  # the container's address: here, this machine
     key_file = tmp_path / "api-key.env"
     monkeypatch.setattr(drills, "INSTANCE_KEY_FILE", str(key_file))
@@ -650,3 +652,25 @@ def test_scale_problems_fail_an_smg_router_that_restarts():
     assert scale.scale_problems(step, 30) == []  # vllm-router restarts for a join: reported, not a goal
     assert scale.scale_problems(step, 30, ["router1"]) == [
         "spare1 joins vllm_decode: smg router(s) router1 restarted (a manifest change restarts nothing)"]
+
+
+def test_the_lab_harness_has_no_import_circle():
+    """Issue 52 item 8: the lab scripts import the shared library (lablib.py), never each other in a circle."""
+    import ast
+    lab_dir = os.path.join(REPO, "scripts", "lab")
+    mods = {f[:-3].replace("-", "_"): os.path.join(lab_dir, f) for f in os.listdir(lab_dir) if f.endswith(".py")}
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom) and node.module in mods:
+                deps.add(node.module)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in mods)
+        graph[name] = deps - {name}
+
+    def reaches(a, b, seen=()):
+        return any(d == b or (d not in seen and reaches(d, b, seen + (d,))) for d in graph.get(a, ()))
+    circles = sorted(m for m in graph if reaches(m, m))
+    assert circles == [], "lab scripts in an import circle: %s" % circles
+    assert graph["lablib"] <= {"labinv"}, graph["lablib"]
