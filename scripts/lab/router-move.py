@@ -69,6 +69,7 @@ def main(argv=None):
                          for r in routers}
     env = dict(os.environ, PD_CLIENT_CA=os.environ.get("PD_CLIENT_CA") or lab.client_ca(),
                PD_CLIENT_KEY=os.environ.get("PD_CLIENT_KEY") or lab.client_key())
+    os.environ.update(PD_CLIENT_CA=env["PD_CLIENT_CA"], PD_CLIENT_KEY=env["PD_CLIENT_KEY"])  # load.py's TLS reads them
     model, client = lab.var("vllm_served_model_name"), lab.client_url()
     if load.until_serving(client, model, env["PD_CLIENT_KEY"], prompt="warm up " * 40) is None:
         print("[router-move] the lab does not serve before the test", file=sys.stderr)

@@ -7,7 +7,8 @@ import json
 import pytest
 import yaml
 
-from conftest import REPO, check_output_masked, curl_json, hvars, in_group, read_root_file, router_auth_headers
+from conftest import (REPO, ROUTER_KEY_FILE, check_output_masked, curl_json, hvars, in_group, read_root_file,
+                      router_auth_headers, router_key_configured, run_as_root)
 from conftest import BUNDLE
 
 ROUTER_VARS = yaml.safe_load((REPO / 'roles' / 'vllm_router' / 'vars' / 'main.yml').read_text())
@@ -74,3 +75,26 @@ def _smg_filter():
 
 
 BUNDLE_SMG = _smg_filter()
+
+
+# Runs on the host as root: reads the key from its 0600 file (never on this scanner's argv) and counts the journal
+# lines of the router unit that hold it.
+_JOURNAL_SCAN = r'''
+import subprocess, sys
+path, var = sys.argv[1], sys.argv[2]
+key = [l.split("=", 1)[1].strip() for l in open(path) if l.startswith(var + "=")][0]
+assert key
+out = subprocess.run(["journalctl", "-u", "vllm-router", "--no-pager", "-o", "cat"], capture_output=True, text=True).stdout
+print(sum(1 for line in out.splitlines() if key in line))
+'''
+
+
+def test_smg_journal_never_holds_the_key(host):
+    """smg gets the key in process (pd-smg-launch); it must not log it (its config, a request's headers)."""
+    v, _ = smg_host(host)
+    if not router_key_configured(v):
+        pytest.skip('no router key on this host')
+    res = run_as_root(host, "python3 -c '%s' %s %s" % (_JOURNAL_SCAN.replace("'", "'\"'\"'"), ROUTER_KEY_FILE,
+                                                       'VLLM_ROUTER_API_KEY'))
+    assert res.rc == 0, res.stderr[-500:]
+    assert res.stdout.strip() == '0', 'the router key is in %s lines of the vllm-router journal' % res.stdout.strip()
