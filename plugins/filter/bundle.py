@@ -685,6 +685,17 @@ def vllm_stale_instances(show_stdout, stat_stdout, inputs):
     return stale
 
 
+def unit_started_before(show_stdout, stat_stdout):
+    """Whether one unit's main process started before one of its input files last changed: a run wrote them and
+    stopped before the restart that would read them (the restart it notified is lost with the run).
+    show_stdout: `systemctl show --timestamp=unix --property=ExecMainStartTimestamp UNIT` ('@<epoch>', empty when it
+    is not running: False); stat_stdout: `stat --format='%.9Y %n' -- PATH...` (a line per existing path)."""
+    props = dict(line.split('=', 1) for line in str(show_stdout or '').splitlines() if '=' in line)
+    started = props.get('ExecMainStartTimestamp', '').strip().lstrip('@')
+    mtimes = [float(line.partition(' ')[0]) for line in str(stat_stdout or '').splitlines() if line.partition(' ')[2]]
+    return bool(started) and bool(mtimes) and max(mtimes) > float(started)
+
+
 def vllm_unloaded_instances(show_stdout):
     """[instance name] whose unit file systemd has not loaded (NeedDaemonReload=yes in the same `systemctl show`
     as vllm_stale_instances, which asks for that property too): a run wrote it and stopped before its reload. A
@@ -868,6 +879,7 @@ class FilterModule(object):
             'bundle_vllm_engine_nics': vllm_engine_nics,
             'bundle_vllm_endpoints': vllm_endpoints,
             'bundle_router_argv': router_argv,
+            'bundle_unit_started_before': unit_started_before,
             'bundle_router_bind': router_bind,
             'bundle_router_api_key': router_api_key,
             'bundle_router_local_url': router_local_url,

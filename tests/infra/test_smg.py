@@ -98,3 +98,16 @@ def test_smg_journal_never_holds_the_key(host):
                                                        'VLLM_ROUTER_API_KEY'))
     assert res.rc == 0, res.stderr[-500:]
     assert res.stdout.strip() == '0', 'the router key is in %s lines of the vllm-router journal' % res.stdout.strip()
+
+
+def test_router_runs_the_program_the_inventory_names(host):
+    """Every router host runs the program its vllm_router_implementation names (a move between programs that stopped
+    half way leaves the old one running: the router role restarts it on the next run)."""
+    v = hvars(host)
+    if not in_group(host, 'vllm_router'):
+        pytest.skip('not a router host')
+    want = v.get('vllm_router_implementation', 'vllm-router')
+    pid = host.check_output('systemctl show -p MainPID --value vllm-router')
+    comm = host.check_output('cat /proc/%s/comm' % pid)
+    assert comm.startswith('smg::') == (want == 'smg'), '%s runs %r, its inventory names %s' % (
+        v['inventory_hostname'], comm, want)

@@ -583,3 +583,12 @@ def test_firewall_kv_peers_are_the_hosts_own_pools():
         assert c["cluster"] == whole["cluster"] and c["store_clients"] == whole["store_clients"], host
     implicit = pools.bundle_inventory_pools([], groups, hv)
     assert bf.firewall_source_classes(groups, hv, None, implicit, "p1") == whole
+
+
+def test_unit_started_before_its_inputs():
+    """A router whose process started before its unit, key, venv or launcher last changed lost its restart."""
+    stat = "1700000100.5 /etc/systemd/system/vllm-router.service\n1700000050.0 /etc/vllm-router/api-key.env\n"
+    assert bf.unit_started_before("ExecMainStartTimestamp=@1700000090\n", stat) is True
+    assert bf.unit_started_before("ExecMainStartTimestamp=@1700000200\n", stat) is False
+    assert bf.unit_started_before("ExecMainStartTimestamp=\n", stat) is False  # not running: its start reads them
+    assert bf.unit_started_before("ExecMainStartTimestamp=@1700000090\n", "") is False
