@@ -4,8 +4,8 @@
 While the official `openai` SDK client (scripts/lab/load.py) sends requests through the entry:
 1. `playbooks/router.yml -e vllm_router_implementation=smg`: every router still on vllm-router moves to smg, one at a
    time, drained at the entry first (roles/vllm_router/tasks/restart.yml); a router already on smg is not touched;
-2. `playbooks/router.yml` with the inventory: each router goes back to what the inventory says (the lab: router1 smg,
-   router2 vllm-router).
+2. `playbooks/router.yml` with the inventory: each router goes back to what the inventory says (the lab's
+   vllm_router_implementation per router host).
 
 Fails (exit 1) when a goal is missed: a request failed; a playbook failed; a router that moves did not restart or does
 not run the program it should (its main process: smg names itself smg::router); a router that does not move restarted.

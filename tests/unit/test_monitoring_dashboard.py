@@ -28,6 +28,8 @@ KNOWN_METRICS = {
     # node exporter's systemd and textfile collectors (the masters' leader gauge: mooncake_master_watchdog.py)
     'node_systemd_unit_state', 'pd_mooncake_master_leader',
     'vllm:num_requests_kv_fetch_by_stage',
+    # smg 1.13.0's Prometheus port (vllm_router_implementation: smg; seen on the lab)
+    'smg_router_requests_total', 'smg_pd_kv_connector_mode_total',
     # vllm-router 0.1.17's Prometheus port
     'vllm_router_pd_requests_total', 'vllm_router_processed_requests_total', 'vllm_router_pd_request_duration_seconds_bucket',
     'vllm_router_pd_pending_decode_requests', 'vllm_router_pd_active_decode_requests',
