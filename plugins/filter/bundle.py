@@ -714,9 +714,15 @@ def router_argv(cfg, prefills, decodes):
         a += ['--prefill', str(p['url'])] + ([str(p['bootstrap_port'])] if cfg['kv_connector'] == 'mooncake' else [])
     for d in decodes or []:
         a += ['--decode', str(d)]
-    a += ['--host', str(cfg['host']), '--port', str(cfg['port']),
-          '--prefill-policy', str(cfg['prefill_policy']), '--decode-policy', str(cfg['decode_policy']),
-          '--prometheus-host', str(cfg['prometheus_host']), '--prometheus-port', str(cfg['prometheus_port'])]
+    return a + router_common_flags(cfg)
+
+
+def router_common_flags(cfg):
+    """The flags both router programs take alike (vllm-router's and smg's --help spell them the same): address,
+    policies, metrics, limits, health checks, then the operator's extra_args. cfg as router_argv takes it."""
+    a = ['--host', str(cfg['host']), '--port', str(cfg['port']),
+         '--prefill-policy', str(cfg['prefill_policy']), '--decode-policy', str(cfg['decode_policy']),
+         '--prometheus-host', str(cfg['prometheus_host']), '--prometheus-port', str(cfg['prometheus_port'])]
     if int(cfg.get('max_concurrent_requests') or 0) > 0:
         a += ['--max-concurrent-requests', str(cfg['max_concurrent_requests'])]
     a += ['--health-check-interval-secs', str(cfg['health_check_interval_secs']),

@@ -18,6 +18,7 @@ decode recomputes every prompt, with only a WARN line (alert PDRouterPassthrough
 
 Store mode (MooncakeStoreConnector, vllm-router's sequential nixl mode) on smg is not built: preflight refuses it.
 """
+from ansible_collections.pd_bundle.serving.plugins.filter import bundle as _bundle
 
 # The router implementations the role runs (vllm_router_implementation) and the policies each one has: vllm-router
 # 0.1.17's --help, smg 1.13.0's --help (prefill also has bucket). The argument spec offers their union.
@@ -38,26 +39,17 @@ MANIFEST_FIELDS = ('id', 'url', 'worker_type', 'bootstrap_port', 'model_id', 'kv
 
 
 def smg_argv(cfg):
-    """smg's argv after `smg launch`. cfg: the router role's settings without the vllm_router_ prefix (as
-    bundle_router_argv takes them) plus manifest (the discovery file's path), discovery_interval_secs and shutdown_grace_secs. No worker
-    is on it (they come from the manifest), so a join or a leave never changes it."""
+    """smg's argv after `smg launch`: its discovery flags, then the flags it shares with vllm-router
+    (bundle.router_common_flags). cfg: the router role's settings without the vllm_router_ prefix (as
+    bundle_router_argv takes them) plus manifest (the discovery file's path), discovery_interval_secs and
+    shutdown_grace_secs. No worker is on it (they come from the manifest), so a join or a leave never changes it."""
     a = ['--pd-disaggregation', '--discovery-provider', 'file', '--discovery-file', str(cfg['manifest']),
          '--discovery-check-interval-secs', str(cfg['discovery_interval_secs']),
          '--shutdown-grace-period-secs', str(cfg['shutdown_grace_secs']),
          # A drained or restarting instance stays listed (not ready) and returns after its health checks pass, as on
          # vllm-router; smg's default under discovery removes it and re-registers it later (seen: ~30 s).
-         '--no-remove-unhealthy-workers',
-         '--host', str(cfg['host']), '--port', str(cfg['port']),
-         '--prefill-policy', str(cfg['prefill_policy']), '--decode-policy', str(cfg['decode_policy']),
-         '--prometheus-host', str(cfg['prometheus_host']), '--prometheus-port', str(cfg['prometheus_port'])]
-    if int(cfg.get('max_concurrent_requests') or 0) > 0:
-        a += ['--max-concurrent-requests', str(cfg['max_concurrent_requests'])]
-    a += ['--health-check-interval-secs', str(cfg['health_check_interval_secs']),
-          '--health-failure-threshold', str(cfg['health_failure_threshold']),
-          '--health-success-threshold', str(cfg['health_success_threshold'])]
-    if int(cfg.get('request_timeout_secs') or 0) > 0:
-        a += ['--request-timeout-secs', str(cfg['request_timeout_secs'])]
-    return a + [str(x) for x in cfg.get('extra_args') or []]
+         '--no-remove-unhealthy-workers']
+    return a + _bundle.router_common_flags(cfg)
 
 
 def _url(u):

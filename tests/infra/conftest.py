@@ -46,17 +46,17 @@ def role_defaults(*names):
     return out
 
 
-def _bundle_filters():
-    """plugins/filter/bundle.py, the playbooks' own definitions (a router's URL on its host ...), read rather
-    than restated here."""
+def load_filter(name):
+    """plugins/filter/NAME.py, the playbooks' own definitions (a router's URL on its host, smg's membership ...),
+    read rather than restated here."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location('pd_bundle_filter', REPO / 'plugins' / 'filter' / 'bundle.py')
+    spec = importlib.util.spec_from_file_location('pd_bundle_filter_' + name, REPO / 'plugins' / 'filter' / (name + '.py'))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-BUNDLE = _bundle_filters()
+BUNDLE = load_filter('bundle')
 
 
 # What the inventory leaves out: the roles' defaults.

@@ -9,10 +9,11 @@ import yaml
 
 from conftest import (REPO, ROUTER_KEY_FILE, check_output_masked, curl_json, hvars, in_group, read_root_file,
                       router_auth_headers, router_key_configured, run_as_root)
-from conftest import BUNDLE
+from conftest import BUNDLE, load_filter
 
 ROUTER_VARS = yaml.safe_load((REPO / 'roles' / 'vllm_router' / 'vars' / 'main.yml').read_text())
 MANIFEST = ROUTER_VARS['_vllm_router_manifest_file']
+BUNDLE_SMG = load_filter('smg')
 
 
 def smg_host(host):
@@ -64,17 +65,6 @@ def test_smg_sent_nothing_through_passthrough(host):
     rows = [ln for ln in text.splitlines() if ln.startswith('smg_pd_kv_connector_mode_total')]
     passthrough = [ln for ln in rows if 'mode="passthrough"' in ln and float(ln.rsplit(' ', 1)[1]) > 0]
     assert passthrough == [], 'smg routed requests through passthrough (decode recomputed them): %s' % passthrough
-
-
-def _smg_filter():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('pd_bundle_smg', REPO / 'plugins' / 'filter' / 'smg.py')
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-BUNDLE_SMG = _smg_filter()
 
 
 # Runs on the host as root: reads the key from its 0600 file (never on this scanner's argv) and counts the journal
