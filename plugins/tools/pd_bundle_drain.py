@@ -16,10 +16,20 @@ the vllm role's vllm_drain_timeout), and sends itself SIGTERM: vLLM
 shuts down gracefully and systemd (Restart=always) starts it again. No new privilege, no remote shell: the process
 ends itself. Without VLLM_API_KEY the endpoint answers 403 (nobody could be told apart).
 
+Ejection (issue 52): the same canary takes an instance whose path is broken out of every router's rotation, without a
+restart, by POST /pd-bundle/eject?ttl=SECONDS: /health then answers 503 "ejected" until the canary puts it back
+(ttl=0) or the ttl runs out (the canary renews it on each run while the path stays broken, so a canary that stops
+cannot leave an instance out for good). Every router of the pool, smg and vllm-router alike, drops it at its next
+health check and takes it back at the first good one: the routers' own health checks are the lever, as for a drain.
+smg's worker API cannot do it while file discovery owns the workers (measured on smg 1.13.0: a DELETE is undone by
+the next discovery pass within 4 s, and PATCH changes only priority, cost, labels and health-check thresholds).
+The canary still probes an ejected instance directly (the body says "ejected", not "draining").
+
     --middleware pd_bundle_drain.DrainMiddleware   (module on PYTHONPATH)
     PD_BUNDLE_DRAIN_FILE=/run/vllm-<instance>/drain
     PD_BUNDLE_DRAIN_TIMEOUT=120
     POST /pd-bundle/heal?reason=TEXT&grace=SECONDS   (Authorization: Bearer VLLM_API_KEY)
+    POST /pd-bundle/eject?ttl=SECONDS&reason=TEXT    (the same key; ttl=0 puts it back)
 """
 import hmac
 import urllib.parse
@@ -30,7 +40,11 @@ import threading
 import time
 
 DRAIN_BODY = b"draining\n"
+EJECT_BODY = b"ejected\n"
 HEAL_PATH = "/pd-bundle/heal"
+EJECT_PATH = "/pd-bundle/eject"
+# An ejection lasts at most this long without renewal (the canary asks for less).
+EJECT_TTL_MAX = 3600.0
 
 
 def draining(path=None):
@@ -64,6 +78,21 @@ class DrainMiddleware:
         self.clock, self.sleep = clock, sleep
         self.in_flight = 0
         self.healing = None  # the heal thread, once one started
+        self.ejected_until = 0.0  # clock() until which /health says "ejected"
+
+    def ejected(self):
+        return self.clock() < self.ejected_until
+
+    def eject(self, ttl, reason):
+        """Out of rotation for TTL seconds from now (0: back now). Returns the answer's body."""
+        was = self.ejected()
+        self.ejected_until = self.clock() + ttl if ttl > 0 else 0.0
+        if ttl > 0 and not was:
+            print("pd-bundle: ejected for up to %.0f s (%s): /health answers 503 until put back" % (ttl, reason),
+                  file=sys.stderr, flush=True)
+        elif ttl <= 0 and was:
+            print("pd-bundle: put back in rotation (%s)" % reason, file=sys.stderr, flush=True)
+        return EJECT_BODY if ttl > 0 else b"in rotation\n"
 
     def _file(self):
         return self.drain_file if self.drain_file is not None else os.environ.get("PD_BUNDLE_DRAIN_FILE", "")
@@ -96,6 +125,23 @@ class DrainMiddleware:
         path = scope.get("path")
         if path == "/health" and draining(self._file()):
             await self._answer(send, 503, DRAIN_BODY)
+            return
+        if path == "/health" and self.ejected():
+            await self._answer(send, 503, EJECT_BODY)
+            return
+        if path == EJECT_PATH:
+            query = urllib.parse.parse_qs((scope.get("query_string") or b"").decode(errors="replace"))
+            if scope.get("method") != "POST":
+                await self._answer(send, 405, b"POST only\n")
+            elif not authorized(scope.get("headers"), self.key):
+                await self._answer(send, 403, b"forbidden\n")
+            else:
+                try:
+                    ttl = min(max(float((query.get("ttl") or ["0"])[0]), 0.0), EJECT_TTL_MAX)
+                except ValueError:
+                    await self._answer(send, 400, b"ttl: a number of seconds\n")
+                    return
+                await self._answer(send, 200, self.eject(ttl, (query.get("reason") or ["no reason given"])[0][:300]))
             return
         if path == HEAL_PATH:
             if scope.get("method") != "POST":

@@ -55,6 +55,8 @@ TRANSFER_SOURCE = 'external_kv_transfer'
 WORDS = ('amber basalt cobalt delta ember fjord granite harbor indigo jasper kelp lumen meadow nickel onyx pebble '
          'quartz river slate tundra umber violet willow xenon yarrow zephyr').split()
 RESULTS = ('pass', 'fail', 'skip')
+# What an instance's /health says while the ejector holds it out of rotation (plugins/tools/pd_bundle_drain.py).
+EJECTED = 'ejected'
 
 
 def transfer_tokens(metrics_text):
@@ -137,7 +139,8 @@ class History:
 
 def plan_heal(pairs, history, failures):
     """('fabric', None, why) when every pair with results is broken; ('heal', instance, why) for a wedged instance or
-    a wedged pair's prefill; ('none', None, why) otherwise. Pure: the caller gates it (health, rate, attempts)."""
+    a wedged pair's prefill; ('none', None, why) otherwise. Pure: the caller gates it (health, rate, attempts).
+    The ejector (Ejector) reads the same judgement with its own, shorter, failure count."""
     known = [p for p in pairs if history.data.get(History.key(p))]
     broken = {History.key(p) for p in known if history.failures(p) >= failures}
     passing = {History.key(p) for p in known if history.data[History.key(p)][-1] == 'pass'}
@@ -217,6 +220,114 @@ class Healer:
         self.state['healed'] = target
 
 
+class Ejector:
+    """Taking a broken path out of every router's rotation without a restart (issue 52), and putting it back.
+
+    Decided on the pool's first router host only (as healing), while the run goes (after each pair's probes, so a
+    broken path leaves within one run), from the same judgement as plan_heal at the eject failure count:
+    - the target plan_heal names (a wedged instance, or a broken pair's prefill) is taken out (POST
+      /pd-bundle/eject on the instance: its /health answers 503 "ejected", and every router of the pool, smg or
+      vllm-router, drops it at its next health check), unless it is the last prefill or decode of the pool in
+      rotation (counting instances out and instances not healthy), or its side already has max_out instances out;
+    - every pair broken (a fabric fault): nothing is taken out, and what is out is put back (no instance is to blame;
+      pd_canary_fabric_broken and its alert say so);
+    - an instance out comes back (ttl 0) once every pair of it with a peer in rotation passed in the run; the canary
+      talks to the instances directly, so it still probes an instance that no router sends to. While it stays out,
+      each run renews its ttl: a canary that stops cannot leave it out for good.
+    state: the 'ejected' part of the state file: {'out': {name: {since, why, side, url}}, 'count': {name: n}}."""
+
+    def __init__(self, config, state, now):
+        self.cfg = config or {}
+        self.state = {'out': dict((state or {}).get('out') or {}), 'count': dict((state or {}).get('count') or {})}
+        self.now = now
+
+    @property
+    def out(self):
+        return self.state['out']
+
+    @staticmethod
+    def members(pairs):
+        """{name: (side, url)} of every instance of the pool."""
+        out = {}
+        for pair in pairs:
+            for side in ('prefill', 'decode'):
+                out.setdefault(pair[side], (side, pair[side + '_url']))
+        return out
+
+    def plan_out(self, pairs, history, down=()):
+        """(action, target, why): 'out' a target to take out now; 'keep' a target left in rotation (why); 'fabric';
+        'none'."""
+        failures = int(self.cfg.get('failures', 1))
+        action, target, why = plan_heal(pairs, history, failures)
+        if action == 'fabric':
+            return 'fabric', None, why
+        if action != 'heal' or target in self.out:
+            return 'none', None, why
+        members = self.members(pairs)
+        side = members[target][0]
+        serving = [n for n, (s, _) in members.items() if s == side and n != target and n not in down and n not in self.out]
+        if not serving:
+            return 'keep', target, why + '; it is the last %s of the pool in rotation: left in' % side
+        max_out = int(self.cfg.get('max_out', 1))
+        if sum(1 for o in self.out.values() if o.get('side') == side) >= max_out:
+            return 'keep', target, why + '; %d %s already out of rotation (at most %d): left in' % (max_out, side, max_out)
+        return 'out', target, why
+
+    def plan_back(self, pairs, outcomes):
+        """[(name, why)]: instances out whose pairs with a peer in rotation all passed in this run (or that left
+        the pool)."""
+        members = self.members(pairs)
+        back = []
+        for name in sorted(self.out):
+            if name not in members:
+                back.append((name, 'no longer a member of the pool'))
+                continue
+            side = members[name][0]
+            other = 'decode' if side == 'prefill' else 'prefill'
+            mine = [o['result'] for p, o in outcomes if p[side] == name and p[other] not in self.out]
+            mine = [r for r in mine if r != 'skip']
+            if mine and all(r == 'pass' for r in mine):
+                back.append((name, 'every pair of it with a peer in rotation passed (%d)' % len(mine)))
+        return back
+
+    def take_out(self, name, side, url, why, call, log):
+        ok, detail = call(url, float(self.cfg.get('ttl_s', 120)), why)
+        log('canary eject: took %s out of rotation (%s): %s' % (name, why, detail))
+        if ok:
+            self.out[name] = {'since': self.now, 'why': why, 'side': side, 'url': url}
+            self.state['count'][name] = int(self.state['count'].get(name, 0)) + 1
+        return ok
+
+    def put_back(self, name, why, call, log):
+        url = self.out.get(name, {}).get('url')
+        ok, detail = call(url, 0, why) if url else (True, 'no address')
+        log('canary eject: put %s back in rotation (%s): %s' % (name, why, detail))
+        if ok:
+            self.out.pop(name, None)
+        return ok
+
+    def step(self, pairs, history, down, call, log=print):
+        """After a pair's probes: take out what plan_out names; on a fabric fault, put everything back."""
+        action, target, why = self.plan_out(pairs, history, down)
+        if action == 'out':
+            side, url = self.members(pairs)[target]
+            self.take_out(target, side, url, why, call, log)
+        elif action == 'fabric':
+            for name in sorted(self.out):
+                self.put_back(name, why + ': nothing is taken out', call, log)
+        return action, target, why
+
+    def finish(self, pairs, outcomes, call, log=print):
+        """After the run: put back what passed, renew the ttl of what stays out."""
+        for name, why in self.plan_back(pairs, outcomes):
+            self.put_back(name, why, call, log)
+        for name, o in sorted(self.out.items()):
+            ok, detail = call(o['url'], float(self.cfg.get('ttl_s', 120)), 'still broken: ' + o.get('why', ''))
+            if not ok:
+                log('canary eject: could not renew %s out of rotation: %s' % (name, detail))
+        return self.state
+
+
 def heal_url(pairs, target):
     for pair in pairs:
         for side in ('prefill', 'decode'):
@@ -234,7 +345,7 @@ def _labels(pool, pair):
     return 'pool="%s",prefill="%s",decode="%s"' % (_esc(pool), _esc(pair['prefill']), _esc(pair['decode']))
 
 
-def metrics(pool, outcomes, history, now, failures, heals=None, fabric=None):
+def metrics(pool, outcomes, history, now, failures, heals=None, fabric=None, ejected=None):
     """The textfile: per pair its last result (success 1/0, absent while it has only skipped), latency, transfer
     tokens, consecutive failures, broken (FAILURES or more of them) and whether the last run skipped it; and the run's
     time."""
@@ -263,6 +374,16 @@ def metrics(pool, outcomes, history, now, failures, heals=None, fabric=None):
                   '# TYPE pd_canary_heals_total counter']
         lines += ['pd_canary_heals_total{pool="%s",healed="%s"} %d' % (_esc(pool), _esc(name), t['count'])
                   for name, t in sorted((heals.get('targets') or {}).items())]
+    if ejected is not None:
+        members = sorted({p[side] for p, _ in outcomes for side in ('prefill', 'decode')} | set(ejected.get('out') or {}))
+        lines += ['# HELP pd_canary_ejected 1 while the canary holds this instance out of every router\'s rotation.',
+                  '# TYPE pd_canary_ejected gauge']
+        lines += ['pd_canary_ejected{pool="%s",instance="%s"} %d' % (_esc(pool), _esc(n), n in (ejected.get('out') or {}))
+                  for n in members]
+        lines += ['# HELP pd_canary_ejections_total Times the canary took this instance out of rotation.',
+                  '# TYPE pd_canary_ejections_total counter']
+        lines += ['pd_canary_ejections_total{pool="%s",instance="%s"} %d' % (_esc(pool), _esc(n), c)
+                  for n, c in sorted((ejected.get('count') or {}).items())]
     if fabric is not None:
         lines += ['# HELP pd_canary_fabric_broken 1 when every pair of the pool failed its last canaries (no restart is tried).',
                   '# TYPE pd_canary_fabric_broken gauge',
@@ -296,7 +417,10 @@ class Client:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
                 return resp.status, resp.read().decode(errors='replace')
         except urllib.error.HTTPError as e:
-            return e.code, ''
+            try:
+                return e.code, e.read(200).decode(errors='replace')
+            except OSError:
+                return e.code, ''
         except (OSError, ValueError) as e:  # refused, reset, timed out
             return type(e).__name__, ''
 
@@ -315,8 +439,9 @@ def probe(client, pair, model, quick=3.0):
     """One canary through pair: {result, reason, seconds, tokens}."""
     health = {}
     for end in ('prefill', 'decode'):
-        status, _ = client.get(pair[end + '_url'] + '/health', timeout=quick)
-        health[end] = status == 200
+        status, text = client.get(pair[end + '_url'] + '/health', timeout=quick)
+        # An instance the ejector took out of rotation still serves (and must be probed to come back).
+        health[end] = status == 200 or (status == 503 and text.strip() == EJECTED)
     out = {'seconds': 0.0, 'tokens': 0, 'unhealthy': [pair[end] for end, ok in sorted(health.items()) if not ok]}
     if not all(health.values()):
         out['result'], out['reason'] = verdict(health, {}, 0, 0)
@@ -353,31 +478,49 @@ def probe(client, pair, model, quick=3.0):
     return out
 
 
-def run(config, client, history, log=print):
-    """Every pair once: the pairs of one decode in turn (its counter is read around each), decodes side by side."""
+def run(config, client, history, log=print, confirm=0, after_pair=None):
+    """Every pair once: the pairs of one decode in turn (its counter is read around each), decodes side by side. A
+    pair that fails is probed again at once, up to CONFIRM more times while it fails; each probe counts in the
+    history. AFTER_PAIR(pair, outcomes so far) runs after each pair's probes, one at a time (the ejector: a broken
+    path leaves the rotation while the run goes on)."""
     by_decode = {}
     for pair in config['pairs']:
         by_decode.setdefault(pair['decode'], []).append(pair)
     outcomes = {}
+    lock = threading.Lock()
 
     def walk(pairs):
         for pair in pairs:
-            outcomes[History.key(pair)] = probe(client, pair, config['model'])
+            tries = [probe(client, pair, config['model'])]
+            while tries[-1]['result'] == 'fail' and len(tries) <= confirm:
+                tries.append(probe(client, pair, config['model']))
+            o = dict(tries[-1], seconds=sum(t['seconds'] for t in tries), probes=len(tries))
+            with lock:
+                for t in tries:
+                    history.add(pair, t['result'])
+                outcomes[History.key(pair)] = o
+                log('canary pool=%s %s -> %s: %s in %.2fs (%s; %d failed in a row)' % (
+                    config['pool'], pair['prefill'], pair['decode'], o['result'], o['seconds'], o['reason'],
+                    history.failures(pair)))
+                if after_pair:
+                    after_pair(pair, [(p, outcomes[History.key(p)]) for p in config['pairs']
+                                      if History.key(p) in outcomes])
 
     threads = [threading.Thread(target=walk, args=(pairs,), daemon=True) for pairs in by_decode.values()]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    ordered = []
-    for pair in config['pairs']:
-        o = outcomes[History.key(pair)]
-        history.add(pair, o['result'])
-        ordered.append((pair, o))
-        log('canary pool=%s %s -> %s: %s in %.2fs (%s; %d failed in a row)' % (
-            config['pool'], pair['prefill'], pair['decode'], o['result'], o['seconds'], o['reason'],
-            history.failures(pair)))
-    return ordered
+    return [(pair, outcomes[History.key(pair)]) for pair in config['pairs']]
+
+
+def eject_call(client, reason_prefix='pd-canary'):
+    """(url, ttl, why) -> (ok, detail): POST /pd-bundle/eject on the instance (ttl 0: back in rotation)."""
+    def call(url, ttl, why):
+        query = urllib.parse.urlencode({'ttl': int(ttl), 'reason': '%s: %s' % (reason_prefix, why)})
+        status, _ = client.post_empty('%s/pd-bundle/eject?%s' % (url, query))
+        return status == 200, 'answered %s' % status
+    return call
 
 
 def main(argv=None):
@@ -398,7 +541,21 @@ def main(argv=None):
     history = History(data, keep=max(int(config.get('keep', 10)), 1))
     client = Client(os.environ.get(KEY_ENV, ''), float(config['timeout_s']))
     started = time.time()
-    outcomes = run(config, client, history)
+    eject_cfg = config.get('eject') or {}
+    ejector = Ejector(eject_cfg, saved.get('ejected'), int(started)) if eject_cfg.get('enabled') else None
+    after_pair, call = None, None
+    if ejector:
+        call = eject_call(client)
+
+        def after_pair(pair, so_far):
+            down = {n for _, o in so_far for n in o.get('unhealthy') or []}
+            ejector.step(config['pairs'], history, down, call,
+                         log=lambda line: print('canary pool=%s %s' % (config['pool'], line), flush=True))
+    outcomes = run(config, client, history, confirm=int(eject_cfg.get('confirm', 0)) if ejector else 0,
+                   after_pair=after_pair)
+    if ejector:
+        ejector.finish(config['pairs'], outcomes, call,
+                       log=lambda line: print('canary pool=%s %s' % (config['pool'], line), flush=True))
     now = int(time.time())
     failures = int(config['failures'])
     heal_cfg = config.get('heal') or {}
@@ -419,11 +576,13 @@ def main(argv=None):
     if state:
         write_atomic(state, json.dumps({'time': now, 'started': round(started, 3), 'pool': config['pool'], 'failures': failures,
                                         'history': history.data, 'heals': healer.state if healer else {},
+                                        'ejected': ejector.state if ejector else {},
                                         'last': {History.key(p): o for p, o in outcomes}}, sort_keys=True), 0o644)
     if config.get('textfile'):
         try:
             write_atomic(config['textfile'], metrics(config['pool'], outcomes, history, now, failures,
-                                                     healer.state if healer else None, fabric))
+                                                     healer.state if healer else None, fabric,
+                                                     ejector.state if ejector else None))
         except OSError as e:  # the collector's directory is gone: the state file still has the results
             print('cannot write %s: %s' % (config['textfile'], e), flush=True)
     return 0

@@ -120,3 +120,25 @@ def test_requests_in_flight_are_counted_for_the_api_only(tmp_path):
     _call(mw, "/v1/completions")
     _call(mw, "/metrics")
     assert seen == [1, 0] and mw.in_flight == 0
+
+
+def test_eject_takes_the_instance_out_of_rotation_until_put_back_or_its_ttl_ends(tmp_path):
+    now = [100.0]
+    mw = drain.DrainMiddleware(_app, drain_file=str(tmp_path / "drain"), key="kkk", clock=lambda: now[0])
+    auth = [(b"authorization", b"Bearer kkk")]
+    assert _post(mw, drain.EJECT_PATH, query=b"ttl=30")[0] == 403  # never without the key
+    assert _post(mw, drain.EJECT_PATH, auth, method="GET")[0] == 405
+    assert _post(mw, drain.EJECT_PATH, auth, query=b"ttl=x")[0] == 400
+    assert _call(mw, "/health") == (200, b"ok")
+    assert _post(mw, drain.EJECT_PATH, auth, query=b"ttl=30&reason=pair+broken") == (200, b"ejected\n")
+    # out of every router's rotation (their health checks), serving what comes anyway (the canary's probes)
+    assert _call(mw, "/health") == (503, b"ejected\n") and _call(mw, "/v1/completions") == (200, b"ok")
+    now[0] += 31  # the canary stopped renewing it: back by itself
+    assert _call(mw, "/health") == (200, b"ok")
+    _post(mw, drain.EJECT_PATH, auth, query=b"ttl=30")
+    assert _post(mw, drain.EJECT_PATH, auth, query=b"ttl=0") == (200, b"in rotation\n")
+    assert _call(mw, "/health") == (200, b"ok")
+    # a drain wins over an ejection: the rolling restart's answer
+    _post(mw, drain.EJECT_PATH, auth, query=b"ttl=30")
+    (tmp_path / "drain").touch()
+    assert _call(mw, "/health") == (503, b"draining\n")

@@ -263,3 +263,105 @@ def test_the_heal_interval_counts_from_the_healed_instances_return():
     assert back.decide(PAIRS, restarting, h, 3)[0] == 'wait'  # still restarting at 1090: the interval restarts
     assert canary.Healer(healer.cfg, back.state, 1150).decide(PAIRS, _outcomes(PAIRS), h, 3)[0] == 'wait'
     assert canary.Healer(healer.cfg, back.state, 1191).decide(PAIRS, _outcomes(PAIRS), h, 3)[0] == 'heal'
+
+
+# --- ejection (issue 52) -----------------------------------------------------------------------------------------
+
+class Calls:
+    """The eject endpoint's calls, recorded: (url, ttl)."""
+
+    def __init__(self, ok=True):
+        self.calls, self.ok = [], ok
+
+    def __call__(self, url, ttl, why):
+        self.calls.append((url, int(ttl)))
+        return self.ok, 'answered %s' % (200 if self.ok else 'ConnectionRefusedError')
+
+
+def _add(h, pair_names, result):
+    for p in PAIRS:
+        if (p['prefill'], p['decode']) in pair_names:
+            h.add(p, result)
+
+
+def test_a_broken_pair_takes_its_prefill_out_of_rotation_at_once():
+    h = _history(PAIRS, {('P1', 'D1'): ['fail']})
+    ej, call = canary.Ejector({'failures': 1, 'ttl_s': 60}, {}, 1000), Calls()
+    assert ej.step(PAIRS, h, set(), call, log=lambda _: None)[:2] == ('out', 'P1')
+    assert call.calls == [('http://P1', 60)] and ej.out['P1']['side'] == 'prefill'
+    # still broken on the next pair: nothing more to do (it is out already)
+    assert ej.step(PAIRS, h, set(), call, log=lambda _: None)[0] == 'none' and len(call.calls) == 1
+
+
+def test_a_whole_decode_cut_ends_with_the_decode_out_and_the_prefill_back():
+    """Variant 2 of the partition drill, pair by pair as the walk goes: P0 -> D1 fails first (its prefill goes out),
+    then P1 -> D1 (D1 fails with every peer while they pass elsewhere: D1 goes out); at the run's end P0, whose
+    pairs with peers in rotation pass, comes back."""
+    h = _history(PAIRS, {})
+    ej, call = canary.Ejector({'failures': 1, 'ttl_s': 60}, {}, 1000), Calls()
+    _add(h, {('P0', 'D1')}, 'fail')
+    assert ej.step(PAIRS, h, set(), call, log=lambda _: None)[:2] == ('out', 'P0')
+    _add(h, {('P1', 'D1')}, 'fail')
+    assert ej.step(PAIRS, h, set(), call, log=lambda _: None)[:2] == ('out', 'D1')
+    outcomes = [(p, {'result': 'fail' if p['decode'] == 'D1' else 'pass'}) for p in PAIRS]
+    ej.finish(PAIRS, outcomes, call, log=lambda _: None)
+    assert set(ej.out) == {'D1'} and ('http://P0', 0) in call.calls and call.calls[-1] == ('http://D1', 60)
+    # the path returns: D1's pairs pass, it comes back
+    ej.finish(PAIRS, [(p, {'result': 'pass'}) for p in PAIRS], call, log=lambda _: None)
+    assert ej.out == {} and call.calls[-1] == ('http://D1', 0) and ej.state['count'] == {'P0': 1, 'D1': 1}
+
+
+def test_the_last_prefill_or_decode_in_rotation_is_never_taken_out():
+    one_decode = _pairs(['P0', 'P1'], ['D1'])
+    h = _history(one_decode, {('P0', 'D1'): ['fail']})
+    ej = canary.Ejector({'failures': 1}, {}, 1000)
+    # P0 -> D1 broken while P1 -> D1 passes: P0 is wedged, and P1 serves; out
+    assert ej.plan_out(one_decode, h)[:2] == ('out', 'P0')
+    # ... but not when P1 is not healthy (restarting): P0 is then the last prefill serving
+    action, target, why = ej.plan_out(one_decode, h, down={'P1'})
+    assert (action, target) == ('keep', 'P0') and 'last prefill' in why
+    # ... nor when P1 is out already
+    ej.out['P1'] = {'side': 'prefill', 'url': 'http://P1'}
+    assert ej.plan_out(one_decode, h)[0] == 'keep'
+
+
+def test_at_most_max_out_per_side_and_a_fabric_fault_puts_everything_back():
+    three = _pairs(['P0', 'P1', 'P2'], ['D1', 'D2'])
+    h = _history(three, {('P0', 'D1'): ['fail']})
+    ej, call = canary.Ejector({'failures': 1, 'max_out': 1}, {'out': {'P2': {'side': 'prefill', 'url': 'http://P2'}}},
+                              1000), Calls()
+    action, _, why = ej.plan_out(three, h)
+    assert action == 'keep' and 'at most 1' in why
+    every = _history(three, {(p['prefill'], p['decode']): ['fail'] for p in three})
+    assert ej.step(three, every, set(), call, log=lambda _: None)[0] == 'fabric'
+    assert ej.out == {} and call.calls == [('http://P2', 0)]
+
+
+def test_an_instance_that_did_not_answer_is_not_recorded_out():
+    h = _history(PAIRS, {('P1', 'D1'): ['fail']})
+    ej = canary.Ejector({'failures': 1}, {}, 1000)
+    ej.step(PAIRS, h, set(), Calls(ok=False), log=lambda _: None)
+    assert ej.out == {}
+
+
+def test_ejection_metrics_and_probing_an_ejected_instance():
+    text = canary.metrics('default', [(PAIRS[0], {'result': 'pass', 'seconds': 0.1, 'tokens': 3})], canary.History(),
+                          1, 3, ejected={'out': {'P0': {}}, 'count': {'P0': 2}})
+    assert 'pd_canary_ejected{pool="default",instance="P0"} 1' in text
+    assert 'pd_canary_ejected{pool="default",instance="D1"} 0' in text
+    assert 'pd_canary_ejections_total{pool="default",instance="P0"} 2' in text
+    answers = _answers()
+    answers['http://10.0.0.1:8100/health'] = (503, 'ejected\n')
+    assert canary.probe(FakeClient(answers), PAIR, 'tiny')['result'] == 'pass'
+    answers['http://10.0.0.1:8100/health'] = (503, 'draining\n')
+    assert canary.probe(FakeClient(answers), PAIR, 'tiny')['result'] == 'skip'
+
+
+def test_run_confirms_a_failure_at_once_and_calls_back_after_each_pair():
+    client = FakeClient(_answers(decode_status='timeout', before='5', after='5'))
+    client.answers['http://10.0.0.3:8200/metrics'] = [(200, '')] * 8
+    seen = []
+    h = canary.History()
+    out = canary.run({'pool': 'default', 'model': 'tiny', 'pairs': [PAIR]}, client, h, log=lambda _: None, confirm=1,
+                     after_pair=lambda pair, so_far: seen.append(len(so_far)))
+    assert out[0][1]['result'] == 'fail' and out[0][1]['probes'] == 2 and h.failures(PAIR) == 2 and seen == [1]

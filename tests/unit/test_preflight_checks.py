@@ -150,8 +150,11 @@ FAILING = {
     "canary_heal_pool": ("ctl-1", with_vars("gpu-p1", vllm_instances=INVENTORY["gpu-p1"]["vllm_instances"][:1]), None,
                          ["vllm_router_canary_heal is on for router router-1 (pool default)",
                           "one prefill instance (gpu-p1/prefill0) and one decode instance (gpu-d1/decode0)"]),
+    "canary_eject_pool": ("ctl-1", with_vars("router-1", vllm_router_canary_interval=20), None,
+                          ["can take 28 s to take a broken path out of rotation",
+                           "vllm_router_canary_interval=20 + 2 prefill instance(s)", "vllm_router_canary_eject_within=20"]),
     "timeout_budget_order": ("ctl-1", with_vars("router-1", vllm_router_canary_timeout=30), None,
-                             ["vllm_router_canary_timeout=30 on router-1 is not below vllm_router_canary_interval=30"]),
+                             ["vllm_router_canary_timeout=30 on router-1 is not below vllm_router_canary_interval=6"]),
     "groups_required": ("ctl-1", None, groups_with(vllm_router=None), ["no host in group vllm_router"]),
     "groups_disjoint": ("gpu-p1", None, groups_with(vllm_decode=["gpu-d1", "gpu-p1"]),
                         ["gpu-p1 are in both vllm_prefill and vllm_decode"]),
@@ -845,3 +848,16 @@ def test_router_implementation_cases(values, expected):
     assert bool(errors) == bool(expected), errors
     for text in expected:
         assert text in errors, errors
+
+
+def test_canary_eject_pool_refuses_true_on_one_prefill_and_one_decode_and_a_bad_value():
+    single = with_vars("gpu-p1", vllm_instances=INVENTORY["gpu-p1"]["vllm_instances"][:1])
+    single["router-1"].update(vllm_router_canary_eject=True, vllm_router_canary_heal=False)
+    text = " ".join(run("canary_eject_pool", single))
+    assert "vllm_router_canary_eject is true for router router-1 (pool default)" in text
+    assert "one prefill instance (gpu-p1/prefill0) and one decode instance (gpu-d1/decode0)" in text and "Fix:" in text
+    # auto on the same pool: off, nothing refused; and the default fleet (2 prefills, 1 decode) meets the goal
+    single["router-1"]["vllm_router_canary_eject"] = "auto"
+    assert run("canary_eject_pool", single) == [] and run("canary_eject_pool") == []
+    bad = with_vars("router-1", vllm_router_canary_eject="sometimes")
+    assert "is not auto, true or false" in run("canary_eject_pool", bad)[0]

@@ -150,7 +150,7 @@ REGISTRATION_ORDER = [
     # monitoring
     'monitoring_settings', 'monitoring_grafana',
     # budget
-    'timeout_budget_order', 'canary_heal_pool',
+    'timeout_budget_order', 'canary_heal_pool', 'canary_eject_pool',
 ]
 
 

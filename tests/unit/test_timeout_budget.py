@@ -62,8 +62,8 @@ REFUSED = {
                               ['vllm_router_request_timeout_secs=300 on router-1 (300 s)', 'for 540 s',
                                'raise vllm_router_request_timeout_secs above 540']),
     'canary_timeout_not_below_interval': ({'router-1': {'vllm_router_canary_timeout': 30}},
-                                          ['vllm_router_canary_timeout=30 on router-1 is not below vllm_router_canary_interval=30',
-                                           'Fix: lower vllm_router_canary_timeout below 30']),
+                                          ['vllm_router_canary_timeout=30 on router-1 is not below vllm_router_canary_interval=6',
+                                           'Fix: lower vllm_router_canary_timeout below 6']),
     'canary_interval_zero': ({'router-1': {'vllm_router_canary_interval': 0}},
                              ['vllm_router_canary_interval=0 on router-1', 'at least 1 s']),
     'canary_timeout_zero': ({'router-1': {'vllm_router_canary_timeout': 0}}, ['vllm_router_canary_timeout=0 on router-1']),
@@ -76,16 +76,16 @@ REFUSED = {
                               ['vllm_router_canary_timeout=100 on router-1 is not below the 90 s decode may wait for KV']),
     # a canary through a store-tier prefill waits the store's bound first while the store is out
     'canary_within_store_bound': ({'gpu-p1': {'vllm_store_tier': True, 'vllm_store_tier_timeout_ms': 10000}},
-                                  ['vllm_router_canary_timeout=10 on router-1 is not above the 10 s a store-tier prefill',
+                                  ['vllm_router_canary_timeout=3 on router-1 is not above the 10 s a store-tier prefill',
                                    'vllm_store_tier_timeout_ms=10000 on gpu-p1',
-                                   'Fix: lower vllm_store_tier_timeout_ms below 10000 on gpu-p1, or raise '
+                                   'Fix: lower vllm_store_tier_timeout_ms below 3000 on gpu-p1, or raise '
                                    'vllm_router_canary_timeout above 10']),
 }
 
 
 def test_the_store_bound_counts_on_store_tier_prefills_only():
     assert budget({h: {'vllm_store_tier': True} for h in ('gpu-p1', 'gpu-d1')}) == []  # the default 2000 ms
-    assert budget({'gpu-p1': {'vllm_store_tier': True, 'vllm_store_tier_timeout_ms': 9500}}) == []
+    assert budget({'gpu-p1': {'vllm_store_tier': True, 'vllm_store_tier_timeout_ms': 2900}}) == []
     assert budget({'gpu-p1': {'vllm_store_tier': True, 'vllm_store_tier_timeout_ms': 0}}) == []  # no bound: no rule
     assert budget({'gpu-p1': {'vllm_store_tier_timeout_ms': 60000}}) == []  # no store tier
     assert budget({'gpu-d1': {'vllm_store_tier': True, 'vllm_store_tier_timeout_ms': 60000}}) == []  # a decode

@@ -63,3 +63,82 @@ def canary_heal_pool(hostvars, host, groups, specs):
                               'PDPairBroken still run), or give the pool a second prefill or decode instance.'
                               % pool['name'], whole=True))
     return out
+
+
+def _eject_setting(cfg):
+    """vllm_router_canary_eject as 'auto', True or False; None when it is none of them."""
+    value = cfg.get('vllm_router_canary_eject')
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    return {'auto': 'auto', 'true': True, 'yes': True, 'on': True, 'false': False, 'no': False, 'off': False}.get(text)
+
+
+def eject_worst_s(cfg, prefills):
+    """Seconds from a path's cut to its instance out of every router, at worst: the run that sees it starts within
+    one interval; a decode's pairs are probed one after another, each failing one costs failures x timeout (a
+    failure is confirmed at once); then every router's health check must see /health 503 (its period x threshold).
+    Mirrors plugins/tools/pd_canary.py's walk (run) and Ejector."""
+    def num(name):  # cfg has the role defaults overlaid; a value of the wrong type is the argument spec's to refuse
+        try:
+            return float(cfg.get(name, 0))
+        except (TypeError, ValueError):
+            return 0.0
+    return (num('vllm_router_canary_interval')
+            + prefills * num('vllm_router_canary_eject_failures') * num('vllm_router_canary_timeout')
+            + num('vllm_router_health_check_interval_secs') * num('vllm_router_health_failure_threshold'))
+
+
+@check('canary', scope='fleet')
+def canary_eject_pool(hostvars, host, groups, specs):
+    """Ejection (vllm_router_canary_eject, read on the pool's first router, the one that decides): true on a pool
+    of one prefill and one decode (nothing could ever go out: the last of a side stays in), a value that is not
+    auto/true/false, or a canary pace that cannot take a broken path out within vllm_router_canary_eject_within."""
+    pools = _pools_or_none(hostvars, groups)
+    if pools is None:
+        return []
+    cfgs = dict(_cfgs(hostvars, groups.get('vllm_router') or []))
+    out = []
+    for pool in pools:
+        first = next((h for h in pool.get('routers') or [] if h in cfgs), None)
+        if first is None:
+            continue
+        cfg = cfgs[first]
+        setting = _eject_setting(cfg)
+        single = len(pool['prefill']) == 1 and len(pool['decode']) == 1
+        if setting is None:
+            out.append(refuse('vllm_router_canary_eject', first, 'vllm_router_canary_eject=%r on router %s is not '
+                              'auto, true or false (checked on %s)' % (cfg.get('vllm_router_canary_eject'), first, host),
+                              'set vllm_router_canary_eject to auto (the default), true or false.', whole=True))
+            continue
+        if setting is True and single:
+            (ph, pi), (dh, di) = pool['prefill'][0], pool['decode'][0]
+            out.append(refuse('vllm_router_canary_eject', first,
+                              'vllm_router_canary_eject is true for router %s (pool %s), but the pool has one prefill '
+                              'instance (%s/%s) and one decode instance (%s/%s): the last prefill and the last decode '
+                              'in rotation are never taken out, so nothing could ever be ejected (checked on %s)'
+                              % (first, pool['name'], ph, pi, dh, di, host),
+                              'set vllm_router_canary_eject: auto or false on the routers of pool %s, or give the pool '
+                              'a second prefill or decode instance.' % pool['name'], whole=True))
+            continue
+        if setting is False or (setting == 'auto' and single):
+            continue
+        worst, goal = eject_worst_s(cfg, len(pool['prefill'])), cfg.get('vllm_router_canary_eject_within')
+        try:
+            goal = float(goal)
+        except (TypeError, ValueError):
+            continue  # the argument spec's to refuse
+        if worst > goal:
+            out.append(refuse('vllm_router_canary_interval', first,
+                              'the canary on router %s (pool %s) can take %.0f s to take a broken path out of rotation: '
+                              'vllm_router_canary_interval=%s + %d prefill instance(s) x vllm_router_canary_eject_failures'
+                              '=%s x vllm_router_canary_timeout=%s + the routers\' health check (%s s x %s) is above '
+                              'vllm_router_canary_eject_within=%s (checked on %s)'
+                              % (first, pool['name'], worst, cfg.get('vllm_router_canary_interval'),
+                                 len(pool['prefill']), cfg.get('vllm_router_canary_eject_failures'),
+                                 cfg.get('vllm_router_canary_timeout'), cfg.get('vllm_router_health_check_interval_secs'),
+                                 cfg.get('vllm_router_health_failure_threshold'), goal, host),
+                              'lower vllm_router_canary_interval or vllm_router_canary_timeout on router %s, or raise '
+                              'vllm_router_canary_eject_within (a broken path then keeps receiving requests for longer), '
+                              'or set vllm_router_canary_eject: false.' % first, whole=True))
+    return out
