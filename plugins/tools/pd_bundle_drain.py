@@ -30,8 +30,19 @@ The canary still probes an ejected instance directly (the body says "ejected", n
     PD_BUNDLE_DRAIN_TIMEOUT=120
     POST /pd-bundle/heal?reason=TEXT&grace=SECONDS   (Authorization: Bearer VLLM_API_KEY)
     POST /pd-bundle/eject?ttl=SECONDS&reason=TEXT    (the same key; ttl=0 puts it back)
+    POST /pd-bundle/abort?since=EPOCH&remote=URL&reason=TEXT   (the same key)
+
+Requests inside a cut path (issue 52 item 6): a PD decode request whose KV cannot arrive waits in vLLM for
+VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60 s (the connector's receive timeout), past any client's patience. When the
+canary takes a broken path out, it also POSTs /pd-bundle/abort to the decode: the API requests that started since
+the path's last good canary, have not begun their answer (still waiting for KV) and, with remote, take their KV from
+that prefill, are cancelled as a client that went away is (vLLM aborts them in its engine) and answered 503 with the
+reason, so their clients can retry at once instead of waiting out their timeout. A request already streaming its
+answer is never touched; without an ejection nothing is ever aborted.
 """
+import asyncio
 import hmac
+import json
 import urllib.parse
 import os
 import signal
@@ -43,8 +54,28 @@ DRAIN_BODY = b"draining\n"
 EJECT_BODY = b"ejected\n"
 HEAL_PATH = "/pd-bundle/heal"
 EJECT_PATH = "/pd-bundle/eject"
+ABORT_PATH = "/pd-bundle/abort"
+# The answer of a request abort_waiting ended (OpenAI's error shape; 503: the client may retry it).
+ABORT_BODY = (b'{"error": {"message": "pd-bundle: this request waited for its KV on a path the canary found broken, '
+              b'and was ended (%s); retry it", "type": "ServiceUnavailableError", "code": 503}}')
 # An ejection lasts at most this long without renewal (the canary asks for less).
 EJECT_TTL_MAX = 3600.0
+
+
+def remote_of(body):
+    """The prefill bootstrap address a PD decode request takes its KV from (kv_transfer_params), else None."""
+    try:
+        params = json.loads(body or b"{}").get("kv_transfer_params") or {}
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(params, dict) or not params.get("do_remote_prefill"):
+        return None
+    return str(params.get("remote_bootstrap_addr") or "") or None
+
+
+def _addr(url):
+    """host:port of a bootstrap address, with or without its scheme (routers write it either way)."""
+    return str(url or "").split("://", 1)[-1].rstrip("/")
 
 
 def draining(path=None):
@@ -79,6 +110,7 @@ class DrainMiddleware:
         self.in_flight = 0
         self.healing = None  # the heal thread, once one started
         self.ejected_until = 0.0  # clock() until which /health says "ejected"
+        self._entries = {}  # API requests in flight, by id (abort_waiting)
 
     def ejected(self):
         return self.clock() < self.ejected_until
@@ -97,9 +129,9 @@ class DrainMiddleware:
     def _file(self):
         return self.drain_file if self.drain_file is not None else os.environ.get("PD_BUNDLE_DRAIN_FILE", "")
 
-    async def _answer(self, send, status, body):
+    async def _answer(self, send, status, body, ctype=b"text/plain"):
         await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+                    "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
     def heal(self, reason, grace=5.0, timeout=None):
@@ -161,11 +193,81 @@ class DrainMiddleware:
                 self.healing.start()
                 await self._answer(send, 202, b"healing\n")
             return
-        counted = str(path or "").startswith("/v1/")
-        if counted:
-            self.in_flight += 1
-        try:
+        if path == ABORT_PATH:
+            query = urllib.parse.parse_qs((scope.get("query_string") or b"").decode(errors="replace"))
+            if scope.get("method") != "POST":
+                await self._answer(send, 405, b"POST only\n")
+            elif not authorized(scope.get("headers"), self.key):
+                await self._answer(send, 403, b"forbidden\n")
+            else:
+                try:
+                    since = float((query.get("since") or ["0"])[0])
+                except ValueError:
+                    await self._answer(send, 400, b"since: an epoch in seconds\n")
+                    return
+                n = self.abort_waiting(since, (query.get("remote") or [None])[0],
+                                       (query.get("reason") or ["no reason given"])[0][:300])
+                await self._answer(send, 200, b"aborted %d\n" % n)
+            return
+        if not str(path or "").startswith("/v1/"):
             await self.app(scope, receive, send)
+            return
+        await self._serve_counted(scope, receive, send)
+
+    async def _serve_counted(self, scope, receive, send):
+        """An API request: counted (the heal's drain waits for them) and tracked until its answer starts, so that
+        abort_waiting can end it. Its body is read first (small JSON), to learn the prefill it takes its KV from
+        (kv_transfer_params.remote_bootstrap_addr), and handed to vLLM unchanged."""
+        self.in_flight += 1
+        entry = {"since": time.time(), "remote": None, "responding": False, "aborted": None, "task": None}
+        try:
+            received, body = [], b""
+            while True:
+                msg = await receive()
+                received.append(msg)
+                if msg.get("type") != "http.request":
+                    break
+                body += msg.get("body", b"")
+                if not msg.get("more_body"):
+                    break
+            entry["remote"] = remote_of(body)
+
+            async def replay():
+                return received.pop(0) if received else await receive()
+
+            async def watch(msg):
+                if msg.get("type") == "http.response.start":
+                    entry["responding"] = True
+                await send(msg)
+
+            entry["task"] = asyncio.ensure_future(self.app(scope, replay, watch))
+            self._entries[id(entry)] = entry
+            try:
+                await entry["task"]
+            except asyncio.CancelledError:
+                if entry["aborted"] is None:  # our own caller went away: not an abort of ours
+                    entry["task"].cancel()
+                    raise
+                if not entry["responding"]:
+                    await self._answer(send, 503, ABORT_BODY % entry["aborted"].encode(), ctype=b"application/json")
         finally:
-            if counted:
-                self.in_flight -= 1
+            self._entries.pop(id(entry), None)
+            self.in_flight -= 1
+
+    def abort_waiting(self, since, remote=None, reason=""):
+        """End every tracked request that started at or after SINCE (epoch), has not started its answer (a PD decode
+        still waiting for its KV), and, with REMOTE, takes its KV from that prefill bootstrap address. vLLM aborts
+        each in its engine as on a client that went away; the client gets 503 with the reason. Returns the count."""
+        n = 0
+        for entry in list(self._entries.values()):
+            if entry["responding"] or entry["task"] is None or entry["since"] < since:
+                continue
+            if remote and _addr(entry["remote"]) != _addr(remote):
+                continue
+            entry["aborted"] = reason or "aborted"
+            entry["task"].cancel()
+            n += 1
+        if n:
+            print("pd-bundle: aborted %d request(s) waiting since %.0f%s (%s)" % (
+                n, since, " on prefill %s" % remote if remote else "", reason), file=sys.stderr, flush=True)
+        return n

@@ -290,12 +290,31 @@ class Ejector:
                 back.append((name, 'every pair of it with a peer in rotation passed (%d)' % len(mine)))
         return back
 
-    def take_out(self, name, side, url, why, call, log):
+    def note(self, pair, outcome):
+        """Remember when a pair last passed (the start of its passing probe): requests sent to it later may be
+        inside the broken path."""
+        if outcome.get('result') == 'pass' and outcome.get('at'):
+            self.state.setdefault('passed_at', {})[History.key(pair)] = outcome['at']
+
+    def stuck(self, pairs, history, target):
+        """[(decode_url, since, bootstrap_url)] of the broken pairs of TARGET: where requests may wait for KV that
+        cannot come (on the pair's decode, from the pair's prefill, sent since the pair last passed)."""
+        failures = int(self.cfg.get('failures', 1))
+        passed = self.state.get('passed_at') or {}
+        return [(p['decode_url'], passed.get(History.key(p), self.now - 60), p['bootstrap_url']) for p in pairs
+                if target in (p['prefill'], p['decode']) and history.failures(p) >= failures]
+
+    def take_out(self, name, side, url, why, call, log, abort=None, stuck=()):
         ok, detail = call(url, float(self.cfg.get('ttl_s', 120)), why)
         log('canary eject: took %s out of rotation (%s): %s' % (name, why, detail))
         if ok:
             self.out[name] = {'since': self.now, 'why': why, 'side': side, 'url': url}
             self.state['count'][name] = int(self.state['count'].get(name, 0)) + 1
+            # The requests already inside the broken path: ended now (503, retryable) rather than left to wait out
+            # the connector's KV timeout (issue 52 item 6).
+            for decode_url, since, bootstrap in stuck if abort else ():
+                log('canary eject: requests waiting on %s for KV from %s: %s' % (
+                    decode_url, bootstrap, abort(decode_url, since, bootstrap, why)[1]))
         return ok
 
     def put_back(self, name, why, call, log):
@@ -306,12 +325,13 @@ class Ejector:
             self.out.pop(name, None)
         return ok
 
-    def step(self, pairs, history, down, call, log=print):
-        """After a pair's probes: take out what plan_out names; on a fabric fault, put everything back."""
+    def step(self, pairs, history, down, call, log=print, abort=None):
+        """After a pair's probes: take out what plan_out names (and end the requests stuck in its broken pairs);
+        on a fabric fault, put everything back."""
         action, target, why = self.plan_out(pairs, history, down)
         if action == 'out':
             side, url = self.members(pairs)[target]
-            self.take_out(target, side, url, why, call, log)
+            self.take_out(target, side, url, why, call, log, abort, self.stuck(pairs, history, target))
         elif action == 'fabric':
             for name in sorted(self.out):
                 self.put_back(name, why + ': nothing is taken out', call, log)
@@ -462,7 +482,7 @@ def probe(client, pair, model, quick=3.0):
     def send(end, body):
         answers[end] = client.post(pair[end + '_url'] + '/v1/completions', body)[0]
 
-    start = time.monotonic()
+    start, out['at'] = time.monotonic(), round(time.time(), 3)
     threads = [threading.Thread(target=send, args=a, daemon=True) for a in (('prefill', pre), ('decode', dec))]
     for t in threads:
         t.start()
@@ -514,6 +534,16 @@ def run(config, client, history, log=print, confirm=0, after_pair=None):
     return [(pair, outcomes[History.key(pair)]) for pair in config['pairs']]
 
 
+def abort_call(client, reason_prefix='pd-canary'):
+    """(decode_url, since, bootstrap_url, why) -> (ok, detail): POST /pd-bundle/abort on the decode."""
+    def call(url, since, bootstrap, why):
+        query = urllib.parse.urlencode({'since': '%.3f' % since, 'remote': bootstrap,
+                                        'reason': '%s: %s' % (reason_prefix, why)})
+        status, text = client.post_empty('%s/pd-bundle/abort?%s' % (url, query))
+        return status == 200, 'answered %s %s' % (status, text.strip())
+    return call
+
+
 def eject_call(client, reason_prefix='pd-canary'):
     """(url, ttl, why) -> (ok, detail): POST /pd-bundle/eject on the instance (ttl 0: back in rotation)."""
     def call(url, ttl, why):
@@ -547,10 +577,13 @@ def main(argv=None):
     if ejector:
         call = eject_call(client)
 
+        abort = abort_call(client)
+
         def after_pair(pair, so_far):
+            ejector.note(pair, next(o for p, o in so_far if p is pair))
             down = {n for _, o in so_far for n in o.get('unhealthy') or []}
             ejector.step(config['pairs'], history, down, call,
-                         log=lambda line: print('canary pool=%s %s' % (config['pool'], line), flush=True))
+                         log=lambda line: print('canary pool=%s %s' % (config['pool'], line), flush=True), abort=abort)
     outcomes = run(config, client, history, confirm=int(eject_cfg.get('confirm', 0)) if ejector else 0,
                    after_pair=after_pair)
     if ejector:

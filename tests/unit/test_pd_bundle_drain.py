@@ -1,5 +1,6 @@
 """The drain middleware: /health is 503 only while the drain file exists; all else passes through."""
 import asyncio
+import json
 import importlib.util
 from pathlib import Path
 
@@ -142,3 +143,64 @@ def test_eject_takes_the_instance_out_of_rotation_until_put_back_or_its_ttl_ends
     _post(mw, drain.EJECT_PATH, auth, query=b"ttl=30")
     (tmp_path / "drain").touch()
     assert _call(mw, "/health") == (503, b"draining\n")
+
+
+def test_abort_ends_requests_still_waiting_for_their_kv_and_nothing_else():
+    """A decode request whose KV cannot arrive (the app never answers) is ended with 503 and the reason; one that
+    already streams its answer, one from another prefill and one started before SINCE are left alone."""
+    async def app(scope, receive, send):
+        body = (await receive())["body"]
+        if b"streaming" in body:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        await asyncio.sleep(30)  # waiting for KV that never comes
+        await send({"type": "http.response.body", "body": b"late"})
+
+    mw = drain.DrainMiddleware(app, drain_file="", key="kkk")
+
+    def body(remote, extra=""):
+        return json.dumps({"prompt": "p" + extra, "kv_transfer_params": {
+            "do_remote_prefill": True, "remote_bootstrap_addr": remote}}).encode()
+
+    async def scenario():
+        answers = {}
+
+        async def client(name, payload):
+            sent = []
+
+            async def send(msg):
+                sent.append(msg)
+
+            async def receive():
+                return {"type": "http.request", "body": payload, "more_body": False}
+
+            task = asyncio.ensure_future(mw({"type": "http", "path": "/v1/completions", "method": "POST"}, receive, send))
+            try:
+                await asyncio.wait_for(task, 2)
+            except asyncio.TimeoutError:
+                pass
+            answers[name] = (sent[0]["status"] if sent else None, b"".join(m.get("body", b"") for m in sent[1:]))
+
+        old = asyncio.ensure_future(client("old", body("http://p1:8998", "old")))
+        await asyncio.sleep(0.05)
+        since = __import__("time").time()
+        others = [asyncio.ensure_future(client(n, b)) for n, b in (
+            ("stuck", body("http://p1:8998")), ("streaming", body("http://p1:8998", "streaming")),
+            ("elsewhere", body("http://p2:8998")))]
+        await asyncio.sleep(0.1)
+        assert mw.abort_waiting(since, "http://p1:8998/", "pair p1 -> d1 broken") == 1
+        await asyncio.gather(old, *others)
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert answers["stuck"][0] == 503 and b"pair p1 -> d1 broken" in answers["stuck"][1]
+    assert answers["streaming"][0] == 200 and answers["elsewhere"][0] is None and answers["old"][0] is None
+    assert mw.in_flight == 0
+    assert drain.remote_of(b'{"kv_transfer_params": {"do_remote_decode": true}}') is None
+    assert drain.remote_of(b"not json") is None
+
+
+def test_abort_needs_the_key_and_a_number():
+    mw = drain.DrainMiddleware(_app, drain_file="", key="kkk")
+    assert _post(mw, drain.ABORT_PATH, query=b"since=1")[0] == 403
+    assert _post(mw, drain.ABORT_PATH, [(b"authorization", b"Bearer kkk")], query=b"since=x")[0] == 400
+    assert _post(mw, drain.ABORT_PATH, [(b"authorization", b"Bearer kkk")], query=b"since=1") == (200, b"aborted 0\n")

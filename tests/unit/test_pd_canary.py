@@ -365,3 +365,18 @@ def test_run_confirms_a_failure_at_once_and_calls_back_after_each_pair():
     out = canary.run({'pool': 'default', 'model': 'tiny', 'pairs': [PAIR]}, client, h, log=lambda _: None, confirm=1,
                      after_pair=lambda pair, so_far: seen.append(len(so_far)))
     assert out[0][1]['result'] == 'fail' and out[0][1]['probes'] == 2 and h.failures(PAIR) == 2 and seen == [1]
+
+
+def test_taking_a_path_out_ends_the_requests_stuck_in_it_since_it_last_passed():
+    """Item 6: the requests already inside the broken pairs are ended on their decode (POST /pd-bundle/abort), each
+    since its pair's last good probe and from its prefill only."""
+    h = _history(PAIRS, {})
+    ej, call, aborted = canary.Ejector({'failures': 1}, {}, 1000), Calls(), []
+    ej.note(PAIRS[0], {'result': 'pass', 'at': 990.5})  # P0 -> D1 passed at 990.5
+    ej.note(PAIRS[0], {'result': 'fail', 'at': 995.0})  # a failure does not move it
+    _add(h, {('P0', 'D1')}, 'fail')
+    ej.step(PAIRS, h, set(), call, log=lambda _: None,
+            abort=lambda url, since, remote, why: aborted.append((url, since, remote)) or (True, 'aborted 3'))
+    assert aborted == [('http://D1', 990.5, 'http://P0:8998')]
+    # without an abort callback (or nothing broken) nothing is ended
+    assert canary.Ejector({'failures': 1}, {}, 1000).stuck(PAIRS, _history(PAIRS, {}), 'P0') == []
