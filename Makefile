@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 export PD_LAB_CACHE ?= $(HOME)/.cache/pd-lab
 
-.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test core-range-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-proof lab-scale lab-pools lab-partition lab-gray lab-store-mode lab-router-move molecule-test rdma-test clean
+.PHONY: venv lab-caches lint unit render-test render-manifest preflight-test core-range-test static test lab lab-verify lab-destroy lab-status lab-bench lab-bench-reuse lab-drills lab-monitoring lab-reuse lab-store-tier lab-rolling lab-proof lab-scale lab-pools lab-partition lab-heal lab-gray lab-store-mode lab-router-move molecule-test rdma-test clean
 
 $(VENV)/.done: requirements.txt
 	scripts/install-deps.sh
@@ -155,7 +155,11 @@ lab-pools: venv
 
 # Issue 44's gray failure alone: one prefill's packets to one decode dropped for 40 s, healed by the canary.
 lab-partition: venv
-	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/drills.py --partition-only --out lab-results/partition.json
+	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/partition.py --out lab-results/partition.json
+
+# The heal drill (issue 44): one prefill instance's path to a decode cut for 40 s, healed by restart (not in CI's sequence).
+lab-heal: venv
+	mkdir -p lab-results && ANSIBLE_VAULT_PASSWORD_FILE=$(abspath molecule/default/vault-pass-LAB-ONLY) $(PY) scripts/lab/drills.py --heal-only --out lab-results/heal.json
 
 # Issue 44's gray failures, alone only (not in the drills step: docs/reliability.md): both masters down, etcd quorum lost,
 # then the partition.

@@ -22,7 +22,7 @@ operator relies on:
     open (plugins/tools/pd_bundle_store_breaker.py): no request sent after STORE_GRACE_S of the stop may fail, and a
     store hit (a fresh prompt computed on one prefill loaded from the store by the other) must come back within
     STORE_HIT_GOAL_S of the units' return, with no restart;
-  - a gray failure (issue 44; also alone: --partition-only, make lab-partition; --gray-only, make lab-gray): every
+  - a gray failure (issue 44; alone: --heal-only, make lab-heal; not in CI's sequence since stop 54): every
     packet one prefill instance sends to one decode host dropped for PARTITION_S
     (a net_cls class for the instance's processes, an nft rule on the prefill host; every process stays up and
     answers /health), then the path restored. On the lab that wedges the pair for good ("Timeout waiting for P side
@@ -75,6 +75,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import load  # noqa: E402  (scripts/lab/load.py)
+import partition  # noqa: E402  (scripts/lab/partition.py: the broken-path drills)
 from labinv import Lab as LabInventory, role_var  # noqa: E402  (the lab's names and addresses, from its inventory)
 import runpy  # noqa: E402
 # The shared library (scripts/lab/lablib.py), re-exported here for the callers and tests that reach them in drills.
@@ -999,7 +1000,9 @@ def main(argv=None):
                     help="PREFILL_HOST:INSTANCE:PORT whose packets to --partition-decode are cut (default: the last "
                          "prefill instance, whose pairs the other drills leave alone)")
     ap.add_argument("--partition-decode", default=":".join(map(str, first["vllm_decode"])))
-    ap.add_argument("--partition-only", action="store_true", help="run the gray-failure drill alone")
+    ap.add_argument("--heal-only", action="store_true",
+                    help="run the heal drill alone (issue 44: one prefill instance's path to a decode cut, healed by "
+                         "restart; not in CI's sequence)")
     ap.add_argument("--gray-only", action="store_true",
                     help="run the gray-failure drills alone: masters down, etcd quorum lost, the partition")
     ap.add_argument("--no-gray", action="store_true",
@@ -1053,7 +1056,7 @@ def main(argv=None):
                                                    STORE_OUTAGE_S, STORE_MODE_BACK_GOAL_S))
             results.append(drill_store_mode_outage(lab, "etcd quorum lost", args.etcd[1:], "etcd",
                                                    STORE_OUTAGE_S, STORE_MODE_BACK_GOAL_S))
-        if not (args.partition_only or args.gray_only or args.store_mode):
+        if not (args.heal_only or args.gray_only or args.store_mode):
             # 1. kill -9 each kind of service.
             etcd_victim = args.etcd[-1]
             results.append(drill_kill(lab, "etcd member", etcd_victim, "etcd",
@@ -1155,16 +1158,21 @@ def main(argv=None):
         #    second prefill instance (the one store_hit makes load from the store) kept requests after them, and the
         #    next step's rolling restart timed out its drain; not reproduced since (stop 52: twice alone, and in the
         #    sequence's order). held_problems below now fails the drills on such an instance, with its stacks.
-        if not (args.partition_only or args.store_mode or args.no_gray):
+        if not (args.heal_only or args.store_mode or args.no_gray):
             results.append(drill_store_outage(lab, inv, "masters down", args.masters, "mooncake-master",
                                               STORE_OUTAGE_S, STORE_HIT_GOAL_S))
             results.append(drill_store_outage(lab, inv, "etcd quorum lost", args.etcd[1:], "etcd",
                                               STORE_OUTAGE_S, STORE_HIT_GOAL_S))
-        # 5. The broken pair (issue 44), healed by the canary: in CI's sequence, alone (--partition-only, make
-        #    lab-partition) and with the store drills (--gray-only, make lab-gray).
-        if not (args.store_mode or args.no_gray):
+        # 5. The broken paths (issue 52; scripts/lab/partition.py): the canary takes the cut path out of every
+        #    router's rotation and ends the requests stuck in it, then puts it back. In CI's sequence (--gray-only)
+        #    and alone (make lab-partition). The heal drill (issue 44: one instance's path cut, its prefill healed by
+        #    restart) left CI's sequence at stop 54, for these two (its time bought theirs): --heal-only, make
+        #    lab-heal.
+        if args.heal_only:
             results.append(drill_partition(lab, args.partition, args.partition_decode, healer, PARTITION_S,
                                            PARTITION_HEAL_GOAL_S, args.routers, args.canary_since))
+        elif not (args.store_mode or args.no_gray):
+            results.extend(partition.run(["prefill", "decode"])[0])
     finally:
         stop.touch()
         loader.wait(timeout=120)
@@ -1191,6 +1199,8 @@ def main(argv=None):
             problems.extend(entry_problems(r))
         elif r["kind"] == "entry frozen":
             problems.extend(freeze_problems(r))
+        elif r["kind"] == "partition" and "variant" in r:
+            problems.extend(partition.problems(r))
         elif r["kind"] == "partition":
             problems.extend(partition_problems(r))
         elif r["kind"] in ("masters down", "etcd quorum lost"):
