@@ -37,8 +37,9 @@ VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60 s (the connector's receive timeout), pa
 canary takes a broken path out, it also POSTs /pd-bundle/abort to the decode: the API requests that started since
 the path's last good canary, have not begun their answer (still waiting for KV) and, with remote, take their KV from
 that prefill, are cancelled as a client that went away is (vLLM aborts them in its engine) and answered 503 with the
-reason, so their clients can retry at once instead of waiting out their timeout. A request already streaming its
-answer is never touched; without an ejection nothing is ever aborted.
+reason (a stream whose head went out gets the error as its one event), so their clients can retry at once instead
+of waiting out their timeout. A request whose answer has begun (a first byte of body) is never touched; without an
+ejection nothing is ever aborted.
 """
 import asyncio
 import hmac
@@ -219,7 +220,7 @@ class DrainMiddleware:
         abort_waiting can end it. Its body is read first (small JSON), to learn the prefill it takes its KV from
         (kv_transfer_params.remote_bootstrap_addr), and handed to vLLM unchanged."""
         self.in_flight += 1
-        entry = {"since": time.time(), "remote": None, "responding": False, "aborted": None, "task": None}
+        entry = {"since": time.time(), "remote": None, "head": False, "responding": False, "aborted": None, "task": None}
         try:
             received, body = [], b""
             while True:
@@ -236,7 +237,11 @@ class DrainMiddleware:
                 return received.pop(0) if received else await receive()
 
             async def watch(msg):
+                # A stream's head goes out before its first token (vLLM returns the streaming response at once):
+                # the answer has begun only with its first byte of body.
                 if msg.get("type") == "http.response.start":
+                    entry["head"] = True
+                elif msg.get("type") == "http.response.body" and msg.get("body"):
                     entry["responding"] = True
                 await send(msg)
 
@@ -248,8 +253,11 @@ class DrainMiddleware:
                 if entry["aborted"] is None:  # our own caller went away: not an abort of ours
                     entry["task"].cancel()
                     raise
-                if not entry["responding"]:
-                    await self._answer(send, 503, ABORT_BODY % entry["aborted"].encode(), ctype=b"application/json")
+                error = ABORT_BODY % entry["aborted"].encode()
+                if not entry["head"]:
+                    await self._answer(send, 503, error, ctype=b"application/json")
+                elif not entry["responding"]:  # a stream's head is out: its one event is the error (the SDK raises it)
+                    await send({"type": "http.response.body", "body": b"data: " + error + b"\n\n", "more_body": False})
         finally:
             self._entries.pop(id(entry), None)
             self.in_flight -= 1

@@ -337,14 +337,19 @@ class Ejector:
                 self.put_back(name, why + ': nothing is taken out', call, log)
         return action, target, why
 
-    def finish(self, pairs, outcomes, call, log=print):
-        """After the run: put back what passed, renew the ttl of what stays out."""
+    def finish(self, pairs, outcomes, call, log=print, abort=None, history=None):
+        """After the run: put back what passed, renew the ttl of what stays out, and end again what waits in its
+        broken pairs (requests the routers sent in the health-check period after the ejection)."""
         for name, why in self.plan_back(pairs, outcomes):
             self.put_back(name, why, call, log)
         for name, o in sorted(self.out.items()):
             ok, detail = call(o['url'], float(self.cfg.get('ttl_s', 120)), 'still broken: ' + o.get('why', ''))
             if not ok:
                 log('canary eject: could not renew %s out of rotation: %s' % (name, detail))
+            for decode_url, since, bootstrap in (self.stuck(pairs, history, name) if abort and history else ()):
+                ok, detail = abort(decode_url, since, bootstrap, 'still broken: ' + o.get('why', ''))
+                if detail and not detail.endswith('aborted 0'):
+                    log('canary eject: requests waiting on %s for KV from %s: %s' % (decode_url, bootstrap, detail))
         return self.state
 
 
@@ -588,7 +593,8 @@ def main(argv=None):
                    after_pair=after_pair)
     if ejector:
         ejector.finish(config['pairs'], outcomes, call,
-                       log=lambda line: print('canary pool=%s %s' % (config['pool'], line), flush=True))
+                       log=lambda line: print('canary pool=%s %s' % (config['pool'], line), flush=True),
+                       abort=abort, history=history)
     now = int(time.time())
     failures = int(config['failures'])
     heal_cfg = config.get('heal') or {}

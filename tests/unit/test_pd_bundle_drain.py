@@ -150,8 +150,10 @@ def test_abort_ends_requests_still_waiting_for_their_kv_and_nothing_else():
     already streams its answer, one from another prefill and one started before SINCE are left alone."""
     async def app(scope, receive, send):
         body = (await receive())["body"]
-        if b"streaming" in body:
+        if b"streaming" in body or b"head" in body:  # a stream: its head at once; a first token once KV arrived
             await send({"type": "http.response.start", "status": 200, "headers": []})
+        if b"streaming" in body:
+            await send({"type": "http.response.body", "body": b"data: {\"text\": \"a\"}\n\n", "more_body": True})
         await asyncio.sleep(30)  # waiting for KV that never comes
         await send({"type": "http.response.body", "body": b"late"})
 
@@ -185,15 +187,18 @@ def test_abort_ends_requests_still_waiting_for_their_kv_and_nothing_else():
         since = __import__("time").time()
         others = [asyncio.ensure_future(client(n, b)) for n, b in (
             ("stuck", body("http://p1:8998")), ("streaming", body("http://p1:8998", "streaming")),
+            ("head", body("http://p1:8998", "head")),
             ("elsewhere", body("http://p2:8998")))]
         await asyncio.sleep(0.1)
-        assert mw.abort_waiting(since, "http://p1:8998/", "pair p1 -> d1 broken") == 1
+        assert mw.abort_waiting(since, "p1:8998/", "pair p1 -> d1 broken") == 2
         await asyncio.gather(old, *others)
         return answers
 
     answers = asyncio.run(scenario())
     assert answers["stuck"][0] == 503 and b"pair p1 -> d1 broken" in answers["stuck"][1]
     assert answers["streaming"][0] == 200 and answers["elsewhere"][0] is None and answers["old"][0] is None
+    # a stream whose head went out before its first token: its one event is the error, then it ends
+    assert answers["head"][0] == 200 and answers["head"][1].startswith(b"data: {\"error\"") and b"broken" in answers["head"][1]
     assert mw.in_flight == 0
     assert drain.remote_of(b'{"kv_transfer_params": {"do_remote_decode": true}}') is None
     assert drain.remote_of(b"not json") is None

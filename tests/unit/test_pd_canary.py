@@ -378,5 +378,10 @@ def test_taking_a_path_out_ends_the_requests_stuck_in_it_since_it_last_passed():
     ej.step(PAIRS, h, set(), call, log=lambda _: None,
             abort=lambda url, since, remote, why: aborted.append((url, since, remote)) or (True, 'aborted 3'))
     assert aborted == [('http://D1', 990.5, 'http://P0:8998')]
+    # at the run's end, still out: the ttl renewed and what the routers sent in since (their health-check period) ended
+    ej.finish(PAIRS, [(p, {'result': 'fail' if p is PAIRS[0] else 'pass'}) for p in PAIRS], call, log=lambda _: None,
+              abort=lambda url, since, remote, why: aborted.append((url, since, remote)) or (True, 'aborted 1'),
+              history=h)
+    assert aborted[-1] == ('http://D1', 990.5, 'http://P0:8998') and len(aborted) == 2 and 'P0' in ej.out
     # without an abort callback (or nothing broken) nothing is ended
     assert canary.Ejector({'failures': 1}, {}, 1000).stuck(PAIRS, _history(PAIRS, {}), 'P0') == []
