@@ -227,6 +227,15 @@ def _canary_pairs(data):
     return out
 
 
+def _ejected(data):
+    """{instance: {since, why, ...}} the canaries hold out of rotation (ejection, issue 52), from every router
+    host's canary state (only the pool's first router decides, so one state holds them)."""
+    out = {}
+    for state in data.get('canary') or []:
+        out.update(((state or {}).get('ejected') or {}).get('out') or {})
+    return out
+
+
 def _canary_cell(pairs, src, dst, pool=None):
     """The canary of the instance pairs of one matrix cell (prefill host SRC, decode host DST; with POOL, that pool's
     pairs only), '' without any."""
@@ -301,6 +310,9 @@ def bundle_status_red(data):
         red.extend(r for cell in _transfer_cells(data).values() for r in cell['red'])
     red.extend('canary %s -> %s: failed %d times in a row on every router host (PDPairBroken)'
                % (e['prefill'], e['decode'], e['failures']) for e in _canary_pairs(data).values() if e['broken'])
+    red.extend('%s: out of every router\'s rotation since %s (the canary ejected it: %s)'
+               % (name, time.strftime('%H:%M:%S', time.gmtime(o.get('since') or 0)), o.get('why', '?'))
+               for name, o in sorted(_ejected(data).items()))
     red.extend(_vip_problems(data))
     red.extend('%s: %s' % (e.get('host'), p) for e in data.get('entry_hosts') or [] for p in e.get('problems') or [])
     red.extend('%s: %s' % (m.get('host'), p) for m in data.get('monitoring_hosts') or [] for p in m.get('problems') or [])

@@ -717,3 +717,16 @@ def test_the_canary_shows_when_the_transfer_check_is_off_and_without_it_nothing_
     table = status.bundle_status_table(data)
     assert "not measured" in table and "canary 1/1 ok" in table and "GB/s" not in table
     assert "canary" not in status.bundle_status_table(green_lab())
+
+
+def test_an_instance_the_canary_holds_out_of_rotation_is_red():
+    data = green_lab()
+    ok = ["pass", "pass"]
+    state = canary_state(p1_prefill0__d1_decode0=ok)
+    state["ejected"] = {"out": {"d1/decode0": {"since": 3600, "why": "decode d1/decode0 fails with every peer"}}}
+    data["canary"] = [state]
+    assert status.bundle_status_red(data) == [
+        "d1/decode0: out of every router's rotation since 01:00:00 (the canary ejected it: decode d1/decode0 fails "
+        "with every peer)"]
+    state["ejected"]["out"] = {}
+    assert status.bundle_status_red(data) == []
