@@ -45,6 +45,8 @@ def test_summarize_latency_of_successes_and_slow_list():
 
 
 drills = _load("drills", "drills.py")
+# The drills' families (issue 52 item 8): a test that stands in for what a family calls patches it there.
+drills_entry, drills_store = sys.modules["drills_entry"], sys.modules["drills_store"]
 
 
 def _kill(**kw):
@@ -573,11 +575,11 @@ def _fake_docker(tmp_path, fail_pauses):
 def test_docker_pause_retries_a_freezer_that_gives_up_and_names_the_last_error(tmp_path, monkeypatch):
     monkeypatch.setattr(drills.time, "sleep", lambda s: None)
     exe, count = _fake_docker(tmp_path, 2)
-    monkeypatch.setattr(drills, "DOCKER", exe)
+    monkeypatch.setattr(drills_entry, "DOCKER", exe)
     assert drills.docker_pause("entry2", True) == 2
     assert drills.docker_pause("entry2", False) == 0
     exe, count = _fake_docker(tmp_path, 99)
-    monkeypatch.setattr(drills, "DOCKER", exe)
+    monkeypatch.setattr(drills_entry, "DOCKER", exe)
     with pytest.raises(RuntimeError, match="pause entry2 failed 5 times: unable to freeze"):
         drills.docker_pause("entry2", True)
     assert count.read_text().strip() == "5"
@@ -615,14 +617,14 @@ def test_a_wedged_instance_after_the_drills_fails_them_with_its_stacks(tmp_path,
     answers = {8100: ['vllm:num_requests_running{m="x"} 0.0\n'] * 99,
                8101: ['vllm:num_requests_waiting{m="x"} 2.0\n'] * 99}
     sent = []
-    monkeypatch.setattr(drills, "http_get", lambda host, url, timeout=3: answers[int(url.rsplit(":", 1)[1].split("/")[0])].pop())
-    monkeypatch.setattr(drills, "wait_for", lambda pred, limit, step=0.5: 0.0 if pred() else None)
+    monkeypatch.setattr(drills_store, "http_get", lambda host, url, timeout=3: answers[int(url.rsplit(":", 1)[1].split("/")[0])].pop())
+    monkeypatch.setattr(drills_store, "wait_for", lambda pred, limit, step=0.5: 0.0 if pred() else None)
     monkeypatch.setattr(drills.time, "sleep", lambda s: None)
 
     def sh(host, *cmd, check=True):
         sent.append((host,) + cmd)
         return types.SimpleNamespace(stdout="Dec 07 kv-load thread: File \"worker.py\", line 1261 in _handle_request\n")
-    monkeypatch.setattr(drills, "sh", sh)
+    monkeypatch.setattr(drills_store, "sh", sh)
     (problem,) = drills.held_problems(Inv(), {"prefill1": "172.30.0.21"}, 90, tmp_path, 1000.0)
     assert problem.startswith("prefill1/prefill1 still holds 2.0 requests 90 s after the drills' load stopped")
     assert ("prefill1", "systemctl", "kill", "-s", "USR1", "vllm@prefill1") in sent
