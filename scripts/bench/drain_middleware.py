@@ -4,7 +4,8 @@ the same in-process ASGI app called directly and through plugins/tools/pd_bundle
 reads each request's JSON body for its KV source and tracks it until its answer begins, so a canary that ejects a
 broken path can end the requests stuck in it). A PD decode request body of ~1.7 KB; microseconds per request, the
 median of 5 rounds of 20,000. Measured on the 2-core machine when it was built, two runs: 1.3 and 0.7 us direct,
-17.8 and 12.1 us through it (12-17 us added per request, against a lab PD request's p50 of about 0.4 s).
+17.8 and 12.1 us through it (12-17 us added per request; 26 us once while CI ran beside it), against a lab PD
+request's p50 of about 0.4 s.
 
     python3 scripts/bench/drain_middleware.py
 """
