@@ -676,3 +676,47 @@ def test_the_lab_harness_has_no_import_circle():
     circles = sorted(m for m in graph if reaches(m, m))
     assert circles == [], "lab scripts in an import circle: %s" % circles
     assert graph["lablib"] <= {"labinv"}, graph["lablib"]
+
+
+# --- the broken-path drills (scripts/lab/partition.py, issue 52) ---------------------------------------------------
+
+partition = _load("partition", "partition.py")
+
+
+def _cut_result(**kw):
+    r = {"drill": "cut prefill host (prefill1 drops decode1, 40 s)", "late_failed": 0, "late": 70, "late_errors": [],
+         "late_slow": 0, "late_max_s": 1.3, "early_timeouts": 0, "early_max_s": 21.3,
+         "ejected": [(9.2, "took decode1/decode0 out")], "back_s": 9.2, "out_after": []}
+    r.update(kw)
+    return r
+
+
+def test_partition_goals_pass_and_each_one_missed_fails_the_drill():
+    assert partition.problems(_cut_result()) == []
+    assert "2 of 70 requests sent more than 20 s after the cut failed" in partition.problems(_cut_result(late_failed=2))[0]
+    assert "took over 10 s (slowest 12.5 s)" in partition.problems(_cut_result(late_slow=1, late_max_s=12.5))[0]
+    assert "reached the client's 60 s timeout (slowest 90.4 s)" in partition.problems(
+        _cut_result(early_timeouts=13, early_max_s=90.4))[0]
+    assert "took nothing out of rotation" in partition.problems(_cut_result(ejected=[]))[0]
+    assert "not back in rotation with passing pairs within 60 s" in partition.problems(
+        _cut_result(back_s=None, out_after=["decode1/decode0"]))[0]
+
+
+def test_partition_classes_split_the_load_at_twenty_seconds_into_the_cut():
+    cut = 1000.0
+    records = [{"sent": 990.0, "ended": 995.0, "ok": True},   # done before the cut: neither class
+               {"sent": 995.0, "ended": 1060.0, "ok": False},  # open at the cut: early
+               {"sent": 1010.0, "ended": 1011.0, "ok": True},  # early
+               {"sent": 1021.0, "ended": 1022.0, "ok": True}]  # late
+    early, late = partition.classify(records, cut)
+    assert [r["sent"] for r in early] == [995.0, 1010.0] and [r["sent"] for r in late] == [1021.0]
+
+
+def test_partition_reads_the_deciders_state():
+    state = {"started": 200.0, "ejected": {"out": {"d1/decode0": {}}},
+             "last": {"p1/prefill0|d1/decode0": {"result": "pass", "tokens": 40},
+                      "p1/prefill1|d1/decode0": {"result": "pass", "tokens": 0}}}
+    assert partition.out_of_rotation(state) == ["d1/decode0"]
+    assert not partition.passed_since(state, "d1/decode0", 100.0)  # a pair passed without KV by transfer
+    state["last"]["p1/prefill1|d1/decode0"]["tokens"] = 12
+    assert partition.passed_since(state, "d1/decode0", 100.0) and not partition.passed_since(state, "d1/decode0", 300.0)
