@@ -20,6 +20,7 @@ Also alone: make lab-partition (both variants, or --variant).
 Lab harness, not a bundle feature: the cut is an nft rule in a table of its own (pd_drill_drop), removed after.
 """
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -87,6 +88,27 @@ def eject_lines(router, since, until=None):
               check=False).stdout
     return [(t, rest.split(": ", 1)[-1]) for t, rest in stamped_lines(text)
             if (EJECT_LINE in rest or BACK_LINE in rest) and (until is None or t <= until)]
+
+
+def _abort_mark():
+    """The start of the message a request ended by the canary's abort carries (plugins/tools/pd_bundle_drain.py's
+    ABORT_BODY, read there: one place)."""
+    spec = importlib.util.spec_from_file_location("pd_bundle_drain", HERE.parents[1] / "plugins" / "tools" /
+                                                  "pd_bundle_drain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return json.loads((module.ABORT_BODY % b"x").decode())["error"]["message"].split(" (")[0]
+
+
+ABORT_MARK = _abort_mark()
+
+
+def aborted_early(failures, start_epoch, r):
+    """Of another load's failures ({t: seconds from start_epoch, error}), those a drill's goals allow: sent at or after
+    no later than EJECT_GOAL_S into its cut (one sent before it may be inside the path too), and ended by the canary's abort with its clear, retryable error
+    (issue 52 item 6). drills.py bounds its own load's failures in the drill's window by this count."""
+    cut = r["kill_epoch"]
+    return len([f for f in failures if start_epoch + f["t"] <= cut + EJECT_GOAL_S and ABORT_MARK in (f.get("error") or "")])
 
 
 def classify(records, cut_epoch):

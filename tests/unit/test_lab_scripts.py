@@ -725,3 +725,15 @@ def test_partition_reads_the_deciders_state():
     assert not partition.passed_since(state, "d1/decode0", 100.0)  # a pair passed without KV by transfer
     state["last"]["p1/prefill1|d1/decode0"]["tokens"] = 12
     assert partition.passed_since(state, "d1/decode0", 100.0) and not partition.passed_since(state, "d1/decode0", 300.0)
+
+
+def test_the_drills_load_may_lose_only_the_aborted_requests_of_a_cuts_first_twenty_seconds():
+    """CI's run at this stop: the drills' own load lost 1 and 2 requests to the abort's 503 in the cuts' first seconds
+    (partition.py's goals allow them); a later failure, or another error, is not allowed."""
+    start, r = 1000.0, {"kill_epoch": 1250.5}
+    aborted = "InternalServerError: Error code: 503 - " + partition.ABORT_MARK + " (pd-canary: pair p -> d broken)"
+    failures = [{"t": 253.16, "error": "APIError: " + partition.ABORT_MARK}, {"t": 260.23, "error": aborted},
+                {"t": 271.0, "error": aborted},                   # sent 20.5 s into the cut: must not fail
+                {"t": 255.0, "error": "APITimeoutError: Request timed out."}]
+    assert partition.aborted_early(failures, start, r) == 2
+    assert partition.ABORT_MARK.startswith("pd-bundle: this request waited for its KV")
