@@ -632,12 +632,14 @@ def main(argv=None):
             r["bound"] = bound_from_spans(spans, load_summary["start_epoch"], r["kill_epoch"], r["recovery_epoch"])
         if r["kind"] in STORE_MODE_KINDS:
             r["outage"] = outage_spans(spans, load_summary["start_epoch"], r)
+    prev_end = float("-inf")
     for r in results:
         if r["kind"] == "partition" and "variant" in r:
             # The broken-path drills' goal for this load too: a request sent in the cut's first 20 s may end with the
             # abort's clear error; any other failure in the window counts against bound 0 (partition.problems has
             # the rest of the goals, on its own SDK load).
-            r["bound"] = partition.aborted_early(load_summary["failures"], load_summary["start_epoch"], r)
+            r["bound"] = partition.aborted_early(load_summary["failures"], load_summary["start_epoch"], r, prev_end)
+        prev_end = r["end_epoch"]
     after_last = attribute_failures(results, load_summary)
 
     for r in results:

@@ -103,12 +103,14 @@ def _abort_mark():
 ABORT_MARK = _abort_mark()
 
 
-def aborted_early(failures, start_epoch, r):
+def aborted_early(failures, start_epoch, r, since=float("-inf")):
     """Of another load's failures ({t: seconds from start_epoch, error}), those a drill's goals allow: sent at or after
     no later than EJECT_GOAL_S into its cut (one sent before it may be inside the path too), and ended by the canary's abort with its clear, retryable error
-    (issue 52 item 6). drills.py bounds its own load's failures in the drill's window by this count."""
+    (issue 52 item 6), after SINCE (the previous drill's end). drills.py bounds its own load's failures in the drill's
+    window by this count."""
     cut = r["kill_epoch"]
-    return len([f for f in failures if start_epoch + f["t"] <= cut + EJECT_GOAL_S and ABORT_MARK in (f.get("error") or "")])
+    return len([f for f in failures if since < start_epoch + f["t"] <= cut + EJECT_GOAL_S
+                and ABORT_MARK in (f.get("error") or "")])
 
 
 def classify(records, cut_epoch):

@@ -736,4 +736,6 @@ def test_the_drills_load_may_lose_only_the_aborted_requests_of_a_cuts_first_twen
                 {"t": 271.0, "error": aborted},                   # sent 20.5 s into the cut: must not fail
                 {"t": 255.0, "error": "APITimeoutError: Request timed out."}]
     assert partition.aborted_early(failures, start, r) == 2
+    # one of the previous drill (it ended at 1254 here) is its own, not this one's
+    assert partition.aborted_early(failures, start, r, since=1254.0) == 1
     assert partition.ABORT_MARK.startswith("pd-bundle: this request waited for its KV")
