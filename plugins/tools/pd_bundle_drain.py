@@ -130,6 +130,17 @@ class DrainMiddleware:
     def _file(self):
         return self.drain_file if self.drain_file is not None else os.environ.get("PD_BUNDLE_DRAIN_FILE", "")
 
+    async def _control_query(self, scope, send):
+        """The query of a control request (heal, eject, abort): POST only, with the instances' key. None once it was
+        answered 405 or 403."""
+        if scope.get("method") != "POST":
+            await self._answer(send, 405, b"POST only\n")
+            return None
+        if not authorized(scope.get("headers"), self.key):
+            await self._answer(send, 403, b"forbidden\n")
+            return None
+        return urllib.parse.parse_qs((scope.get("query_string") or b"").decode(errors="replace"))
+
     async def _answer(self, send, status, body, ctype=b"text/plain"):
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
@@ -162,30 +173,22 @@ class DrainMiddleware:
         if path == "/health" and self.ejected():
             await self._answer(send, 503, EJECT_BODY)
             return
-        if path == EJECT_PATH:
-            query = urllib.parse.parse_qs((scope.get("query_string") or b"").decode(errors="replace"))
-            if scope.get("method") != "POST":
-                await self._answer(send, 405, b"POST only\n")
-            elif not authorized(scope.get("headers"), self.key):
-                await self._answer(send, 403, b"forbidden\n")
-            else:
+        if path in (EJECT_PATH, HEAL_PATH, ABORT_PATH):
+            query = await self._control_query(scope, send)
+            if query is None:
+                return
+            reason = (query.get("reason") or ["no reason given"])[0][:300]
+            if path == EJECT_PATH:
                 try:
                     ttl = min(max(float((query.get("ttl") or ["0"])[0]), 0.0), EJECT_TTL_MAX)
                 except ValueError:
                     await self._answer(send, 400, b"ttl: a number of seconds\n")
                     return
-                await self._answer(send, 200, self.eject(ttl, (query.get("reason") or ["no reason given"])[0][:300]))
-            return
-        if path == HEAL_PATH:
-            if scope.get("method") != "POST":
-                await self._answer(send, 405, b"POST only\n")
-            elif not authorized(scope.get("headers"), self.key):
-                await self._answer(send, 403, b"forbidden\n")
-            elif self.healing is not None:
-                await self._answer(send, 202, b"already healing\n")
-            else:
-                query = urllib.parse.parse_qs((scope.get("query_string") or b"").decode(errors="replace"))
-                reason = (query.get("reason") or ["no reason given"])[0][:300]
+                await self._answer(send, 200, self.eject(ttl, reason))
+            elif path == HEAL_PATH:
+                if self.healing is not None:
+                    await self._answer(send, 202, b"already healing\n")
+                    return
                 try:
                     grace = min(max(float((query.get("grace") or ["5"])[0]), 0.0), 60.0)
                 except ValueError:
@@ -193,21 +196,13 @@ class DrainMiddleware:
                 self.healing = threading.Thread(target=self.heal, args=(reason, grace), daemon=True)
                 self.healing.start()
                 await self._answer(send, 202, b"healing\n")
-            return
-        if path == ABORT_PATH:
-            query = urllib.parse.parse_qs((scope.get("query_string") or b"").decode(errors="replace"))
-            if scope.get("method") != "POST":
-                await self._answer(send, 405, b"POST only\n")
-            elif not authorized(scope.get("headers"), self.key):
-                await self._answer(send, 403, b"forbidden\n")
             else:
                 try:
                     since = float((query.get("since") or ["0"])[0])
                 except ValueError:
                     await self._answer(send, 400, b"since: an epoch in seconds\n")
                     return
-                n = self.abort_waiting(since, (query.get("remote") or [None])[0],
-                                       (query.get("reason") or ["no reason given"])[0][:300])
+                n = self.abort_waiting(since, (query.get("remote") or [None])[0], reason)
                 await self._answer(send, 200, b"aborted %d\n" % n)
             return
         if not str(path or "").startswith("/v1/"):

@@ -12,7 +12,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from labinv import role_var  # noqa: E402
-from lablib import ip_of, recomputed, sh, stamped_lines, wait_for  # noqa: E402
+from lablib import CANARY_STATE, canary_state, ip_of, recomputed, sh, stamped_lines, wait_for  # noqa: E402,F401
 
 # The gray-failure drill (issue 44): the cut's length, and how soon after the path's return the pair must pass a
 # canary again (healed with no person).
@@ -28,8 +28,6 @@ PARTITION_CANARY_S = 10
 CUT_CLASSID = "0x00100001"
 CUT_TABLE = "pd_drill_cut"
 CUT_CGROUP = "/sys/fs/cgroup/net_cls,net_prio/pd_drill_cut"
-# The PD canary's state on a router host (the state file the timer's runs write).
-CANARY_STATE = role_var("vllm_router", "_vllm_router_canary_state")
 
 
 def cut_pair(host, instance, peer_ip, on):
@@ -52,15 +50,6 @@ NFT""")
           echo $pid > /sys/fs/cgroup/net_cls,net_prio/cgroup.procs || true; done; rmdir {CUT_CGROUP} || true; fi""",
              check=False)
     return res.stdout.strip()
-
-
-def canary_state(router):
-    """The PD canary's state on a router host ({} when there is none yet)."""
-    res = sh(router, "cat", CANARY_STATE, check=False)
-    try:
-        return json.loads(res.stdout) if res.returncode == 0 else {}
-    except ValueError:
-        return {}
 
 
 def canary_passed_since(state, pair, since):

@@ -102,6 +102,19 @@ def recomputed(decode_units, since):
     return lines
 
 
+# The PD canary's state on a router host (the state file the timer's runs write; the router role owns the path).
+CANARY_STATE = role_var("vllm_router", "_vllm_router_canary_state")
+
+
+def canary_state(router):
+    """The PD canary's state on a router host ({} when there is none yet)."""
+    res = sh(router, "cat", CANARY_STATE, check=False)
+    try:
+        return json.loads(res.stdout) if res.returncode == 0 else {}
+    except ValueError:
+        return {}
+
+
 def wait_for(pred, limit, step=0.5):
     """Seconds until pred() is true, or None after limit seconds."""
     t0 = time.monotonic()

@@ -30,8 +30,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import load  # noqa: E402  (scripts/lab/load.py)
-from labinv import Lab as LabInventory, role_var  # noqa: E402
-from lablib import ip_of, sh, stamped_lines, wait_for  # noqa: E402
+from labinv import Lab as LabInventory  # noqa: E402
+from lablib import canary_state, ip_of, sh, stamped_lines, wait_for  # noqa: E402
 
 # The issue's goals.
 EJECT_GOAL_S = 20
@@ -44,7 +44,6 @@ VARIANTS = {"prefill": 40, "decode": 90}
 WARM_S = 10
 AFTER_S = 10
 DROP_TABLE = "pd_drill_drop"
-CANARY_STATE = role_var("vllm_router", "_vllm_router_canary_state")
 EJECT_LINE = "canary eject: took "
 BACK_LINE = "canary eject: put "
 
@@ -59,14 +58,6 @@ def drop_from(host, peer_ip, on):
     res = sh(host, "bash", "-c", f"nft list table inet {DROP_TABLE} | grep -o 'packets [0-9]*' || true; "
                                  f"nft delete table inet {DROP_TABLE} 2>/dev/null || true", check=False)
     return res.stdout.strip()
-
-
-def canary_state(router):
-    res = sh(router, "cat", CANARY_STATE, check=False)
-    try:
-        return json.loads(res.stdout) if res.returncode == 0 else {}
-    except ValueError:
-        return {}
 
 
 def out_of_rotation(state):
@@ -145,8 +136,11 @@ def problems(r):
 def drill(inv, decider, variant, cut_s, prefill_host, decode_host, decode_name, client_url, model, key):
     """One variant; returns its result (problems(result) has its missed goals)."""
     on, peer = (prefill_host, decode_host) if variant == "prefill" else (decode_host, prefill_host)
-    ready = wait_for(lambda: passed_since(canary_state(decider), decode_name, time.time() - 30)
-                     and not out_of_rotation(canary_state(decider)), 90, step=2)
+    def serving(since):  # one read of the decider's state per poll
+        state = canary_state(decider)
+        return passed_since(state, decode_name, since) and not out_of_rotation(state)
+
+    ready = wait_for(lambda: serving(time.time() - 30), 90, step=2)
     loop = load.OpenLoop(client_url, model, key, every=0.5, timeout=CLIENT_TIMEOUT_S, tag=f"cut-{variant}").start()
     time.sleep(WARM_S)
     cut_epoch = time.time()
@@ -156,8 +150,7 @@ def drill(inv, decider, variant, cut_s, prefill_host, decode_host, decode_name, 
     finally:
         dropped = drop_from(on, ip_of(peer), False)
     back_epoch = time.time()
-    back = wait_for(lambda: not out_of_rotation(canary_state(decider))
-                    and passed_since(canary_state(decider), decode_name, back_epoch), BACK_GOAL_S, step=2)
+    back = wait_for(lambda: serving(back_epoch), BACK_GOAL_S, step=2)
     out_after = out_of_rotation(canary_state(decider))
     time.sleep(AFTER_S)
     records = loop.stop(drain_s=CLIENT_TIMEOUT_S + 5)

@@ -19,6 +19,16 @@ def _pools_or_none(hostvars, groups):
         return None
 
 
+def _deciding_routers(hostvars, groups):
+    """(pool, its first router, that router's settings) for each pool with a router: the host whose canary decides
+    heals and ejections (roles/vllm_router/vars/main.yml). None of them where vllm_pools is malformed."""
+    cfgs = dict(_cfgs(hostvars, groups.get('vllm_router') or []))
+    for pool in _pools_or_none(hostvars, groups) or []:
+        first = next((h for h in pool.get('routers') or [] if h in cfgs), None)
+        if first is not None:
+            yield pool, first, cfgs[first]
+
+
 @check('budget', scope='fleet')
 def timeout_budget_order(hostvars, host, groups, specs):
     """Each layer gives up after the one inside it: the entry and the router after decode's longest wait for KV
@@ -43,14 +53,9 @@ def canary_heal_pool(hostvars, host, groups, specs):
     """Healing on a pool with one prefill and one decode instance: the canary cannot tell a wedged instance from a
     broken path (no peer to compare with), so it would never heal; refused rather than left on for nothing. The
     switch is read on the pool's first router, the one that heals (roles/vllm_router/vars/main.yml)."""
-    pools = _pools_or_none(hostvars, groups)
-    if pools is None:
-        return []
-    cfgs = dict(_cfgs(hostvars, groups.get('vllm_router') or []))
     out = []
-    for pool in pools:
-        first = next((h for h in pool.get('routers') or [] if h in cfgs), None)
-        if first is None or not _truthy(cfgs[first].get('vllm_router_canary_heal'), True):
+    for pool, first, cfg in _deciding_routers(hostvars, groups):
+        if not _truthy(cfg.get('vllm_router_canary_heal'), True):
             continue
         if len(pool['prefill']) == 1 and len(pool['decode']) == 1:
             (ph, pi), (dh, di) = pool['prefill'][0], pool['decode'][0]
@@ -94,16 +99,8 @@ def canary_eject_pool(hostvars, host, groups, specs):
     """Ejection (vllm_router_canary_eject, read on the pool's first router, the one that decides): true on a pool
     of one prefill and one decode (nothing could ever go out: the last of a side stays in), a value that is not
     auto/true/false, or a canary pace that cannot take a broken path out within vllm_router_canary_eject_within."""
-    pools = _pools_or_none(hostvars, groups)
-    if pools is None:
-        return []
-    cfgs = dict(_cfgs(hostvars, groups.get('vllm_router') or []))
     out = []
-    for pool in pools:
-        first = next((h for h in pool.get('routers') or [] if h in cfgs), None)
-        if first is None:
-            continue
-        cfg = cfgs[first]
+    for pool, first, cfg in _deciding_routers(hostvars, groups):
         setting = _eject_setting(cfg)
         single = len(pool['prefill']) == 1 and len(pool['decode']) == 1
         if setting is None:
