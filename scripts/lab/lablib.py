@@ -6,9 +6,11 @@ callers and tests that still reach them there.
 - sh, http_get, ip_of, unit_state, stamped_lines, wait_for: a command, a GET or POST, an address, a unit's state in a
   lab container; the journal's stamped lines; a wait.
 - recomputed: the decode journals' lines of KV pulls that failed and were computed again.
+- canary_state, canary_paused: the PD canary's state on a router host; its timer stopped for a window.
 - master_roles: the Mooncake masters' roles from their /health.
 - metrics, complete: an instance's /metrics, one completion on an instance, each asked on its own host.
 """
+import contextlib
 import json
 import os
 import subprocess
@@ -113,6 +115,22 @@ def canary_state(router):
         return json.loads(res.stdout) if res.returncode == 0 else {}
     except ValueError:
         return {}
+
+
+@contextlib.contextmanager
+def canary_paused(routers):
+    """The PD canary's timer stopped on ROUTERS (a run under way finishes first), started again after: for a window
+    whose instance counters must count only the requests the step itself sends (the canary's probes are requests)."""
+    for r in routers:
+        sh(r, "systemctl", "stop", "pd-canary.timer", check=False)
+    for r in routers:
+        # A oneshot service is "activating" while its run goes.
+        wait_for(lambda r=r: unit_state(r, "pd-canary.service").get("ActiveState") not in ("active", "activating"), 60)
+    try:
+        yield
+    finally:
+        for r in routers:
+            sh(r, "systemctl", "start", "pd-canary.timer", check=False)
 
 
 def wait_for(pred, limit, step=0.5):

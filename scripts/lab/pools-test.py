@@ -47,6 +47,7 @@ import load  # noqa: E402
 from lablib import sh  # noqa: E402  (a command in a lab container)
 from labinv import role_var  # noqa: E402  (a role's internal variable, where it is defined)
 from lablib import metrics  # noqa: E402  (an instance's /metrics read on its host)
+from lablib import canary_paused  # noqa: E402  (the PD canary's timer stopped for a window)
 from reuse_workload import parse_sources  # noqa: E402  (scripts/bench: tokens by source)
 
 OVERLAY = os.path.join(REPO, "molecule", "default", "pools.yml")
@@ -354,9 +355,12 @@ def main(argv=None):
     # 1. Each model reaches its own pool's instances, and its decode gets the KV by transfer.
     result["routing"] = []
     for p in pools:
-        before = counters(lab, pools)
-        sent = send_all(client, p["served_model_name"], "pool-" + p["name"])
-        after = counters(lab, pools)
+        # The canary's probes are requests too (pool a's every 6 s on router1): paused, so that the counters count
+        # this window's requests only (CI at e5731bf: one probe on pool a in pool b's window failed the step).
+        with canary_paused(lab.hosts("vllm_router")):
+            before = counters(lab, pools)
+            sent = send_all(client, p["served_model_name"], "pool-" + p["name"])
+            after = counters(lab, pools)
         failed = ["%s: %s" % (k, e) for k, ok, e in sent if not ok]
         got = routing_problems(pools, before, after, {"pool": p["name"], "requests": len(sent)})
         problems += ["%s (%s): %s" % (p["name"], p["served_model_name"], f) for f in failed + got]
