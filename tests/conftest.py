@@ -127,6 +127,7 @@ def store_render(tmp_path_factory):
     out = tmp_path_factory.mktemp('render-store')
     res = render(REPO / 'inventory' / 'prod', out, {
         'vllm_kv_connector': 'MooncakeStoreConnector',
+        'vllm_router_implementation': 'vllm-router',  # store mode runs on vllm-router (smg's is not built)
         'vllm_mooncake_store_config': {'cpu_memory_pool_size': '8gb', 'gpu_memory_pool_size': '512MiB'},
     })
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]

@@ -189,7 +189,7 @@ def router_endpoints(router_hosts, hostvars):
                     'url': 'http://%s:%s' % ('[%s]' % addr if ':' in addr else addr, port),
                     'local_url': router_local_url(h, hostvars),
                     'headers': {'Authorization': 'Bearer ' + key} if key else {},
-                    'implementation': str(host_cfg(h, hostvars).get('vllm_router_implementation') or 'vllm-router')})
+                    'implementation': str(host_cfg(h, hostvars)['vllm_router_implementation'])})
     return out
 
 

@@ -15,8 +15,9 @@ cached: a warm run downloads nothing). Nothing is imported or installed; the whe
   version's `KVTransferConfig`; each `kv_connector` a name its connector factory registers; each
   `kv_connector_extra_config` key one that the connector's package reads (a string constant given to `.get()` or used
   as a subscript in a module of the connector's package).
-- vllm-router (VLLM_ROUTER_ARGS): each flag one that `vllm_router/router_args.py` adds (`add_argument`, its
-  `{prefix}` empty, as the `vllm-router` command builds it).
+- the router (VLLM_ROUTER_ARGS), by the program its unit runs (vllm_router_implementation): vllm-router's flags are
+  the ones `vllm_router/router_args.py` adds, smg's the ones `smg/router_args.py` adds (`add_argument`, the
+  `{prefix}` empty in both, as each command builds it; smg's `--api-key` is added in process by pd-smg-launch).
 - mooncake_master (MOONCAKE_MASTER_ARGS) and mooncake_client (MOONCAKE_CLIENT_ARGS): each flag one the binary lists
   with gflags' `--helpxml`, run from the wheel with its bundled libraries. The cuda13 build's mooncake_client links
   libcuda.so.1, the GPU driver's library: a named test double stands in for it (gflags_of).
@@ -42,6 +43,7 @@ import tempfile
 import zipfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("PD_LAB_CACHE", Path.home() / ".cache" / "pd-lab")) / "conformance"
@@ -381,8 +383,14 @@ def patch_problems(wheel, label, patches=None):
     return out
 
 
-def router_flags(wheel):
-    return argparse_flags(wheel.read("vllm_router/router_args.py"), {"prefix": ""})
+ROUTER_ARGS = {"vllm-router": "vllm_router/router_args.py", "smg": "smg/router_args.py"}
+# A router host whose unit runs smg's launcher runs smg: its file name, from the role that defines it.
+SMG_LAUNCHER = yaml.safe_load((REPO / "roles" / "vllm_router" / "vars" / "main.yml").read_text())[
+    "_vllm_router_smg_launcher"].rsplit("/", 1)[-1]
+
+
+def router_flags(wheel, program="vllm-router"):
+    return argparse_flags(wheel.read(ROUTER_ARGS[program]), {"prefix": ""})
 
 
 def gflags_of(wheel, binary):
@@ -460,6 +468,12 @@ def _flags(tokens):
     return [t.split("=", 1)[0] for t in tokens if t.startswith("--")]
 
 
+def _router_program(host_dir):
+    """The program a rendered router host's unit runs: smg where it starts smg's launcher, else vllm-router."""
+    unit = host_dir / "etc" / "systemd" / "system" / "vllm-router.service"
+    return "smg" if unit.exists() and SMG_LAUNCHER in unit.read_text() else "vllm-router"
+
+
 def rendered(render_dir):
     """[(program, host, file, [flags])] and [(host, file, kv_transfer_config)] of a render directory."""
     root, cmds, kv = Path(render_dir), [], []
@@ -472,14 +486,14 @@ def rendered(render_dir):
                 cmds.append(("vllm", host, env_file.relative_to(root), _flags(shlex.split(env["SERVE_EXTRA_ARGS"]))))
             if "SERVE_KV_TRANSFER_CONFIG" in env:
                 kv.append((host, env_file.relative_to(root), json.loads(env["SERVE_KV_TRANSFER_CONFIG"])))
-    for program, pattern, var in (("vllm-router", "*/etc/vllm-router/router.env", "VLLM_ROUTER_ARGS"),
+    for program, pattern, var in (("router", "*/etc/vllm-router/router.env", "VLLM_ROUTER_ARGS"),
                                   ("mooncake_master", "*/etc/mooncake/master.env", "MOONCAKE_MASTER_ARGS"),
                                   ("mooncake_client", "*/etc/vllm/mooncake-store-client.env", "MOONCAKE_CLIENT_ARGS")):
         for env_file in sorted(root.glob(pattern)):
-            env = _env(env_file)
+            env, host = _env(env_file), env_file.relative_to(root).parts[0]
             if var in env:
-                cmds.append((program, env_file.relative_to(root).parts[0], env_file.relative_to(root),
-                             _flags(shlex.split(env[var]))))
+                cmds.append((_router_program(root / host) if program == "router" else program, host,
+                             env_file.relative_to(root), _flags(shlex.split(env[var]))))
     return cmds, kv
 
 
@@ -548,7 +562,10 @@ def versions_of(groups, hostvars, defaults=None):
     vllm_hosts = list(groups.get("vllm_prefill") or []) + list(groups.get("vllm_decode") or [])
     found = {
         "vllm": {(val(h, "vllm_package"), val(h, "vllm_version")) for h in vllm_hosts},
-        "vllm-router": {("vllm-router", val(h, "vllm_router_version")) for h in groups.get("vllm_router") or []},
+        "vllm-router": {("vllm-router", val(h, "vllm_router_version")) for h in groups.get("vllm_router") or []
+                        if val(h, "vllm_router_implementation") == "vllm-router"},
+        "smg": {("smg", val(h, "vllm_router_smg_version")) for h in groups.get("vllm_router") or []
+                if val(h, "vllm_router_implementation") == "smg"},
         "mooncake_master": {(val(h, "mooncake_package"), val(h, "mooncake_version"))
                             for h in groups.get("mooncake_master") or []},
         "mooncake_client": {(val(h, "mooncake_package"), val(h, "mooncake_version")) for h in vllm_hosts},
@@ -577,8 +594,8 @@ def check(render_dir, versions, inventory, cache=CACHE):
             patch_msgs = patch_problems(wheel, labels[program])
             commands = rendered_commands(render_dir)
             cmd_msgs = command_problems(commands, vllm_commands(wheel), labels[program])
-        elif program == "vllm-router":
-            known[program] = router_flags(wheel)
+        elif program in ROUTER_ARGS:
+            known[program] = router_flags(wheel, program)
         else:
             known[program] = gflags_of(wheel, program)
     problems = flag_problems(cmds, known, labels)

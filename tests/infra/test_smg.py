@@ -18,7 +18,7 @@ BUNDLE_SMG = load_filter('smg')
 
 def smg_host(host):
     v = hvars(host)
-    if not in_group(host, 'vllm_router') or v.get('vllm_router_implementation', 'vllm-router') != 'smg':
+    if not in_group(host, 'vllm_router') or v['vllm_router_implementation'] != 'smg':
         pytest.skip('no smg router on this host')
     return v, BUNDLE.router_local_url(v['inventory_hostname'], {v['inventory_hostname']: v})
 
@@ -96,7 +96,7 @@ def test_router_runs_the_program_the_inventory_names(host):
     v = hvars(host)
     if not in_group(host, 'vllm_router'):
         pytest.skip('not a router host')
-    want = v.get('vllm_router_implementation', 'vllm-router')
+    want = v['vllm_router_implementation']
     pid = host.check_output('systemctl show -p MainPID --value vllm-router')
     comm = host.check_output('cat /proc/%s/comm' % pid)
     assert comm.startswith('smg::') == (want == 'smg'), '%s runs %r, its inventory names %s' % (

@@ -22,7 +22,8 @@ def versions(prod_inventory):
 
 
 def test_prod_render_conforms_to_the_versions_it_names(prod_render, versions):
-    assert set(versions) == {"vllm", "vllm-router", "mooncake_master", "mooncake_client"}
+    # The routers run smg, the default (vllm-router's flags are read the same way: tests/unit/test_conformance.py).
+    assert set(versions) == {"vllm", "smg", "mooncake_master", "mooncake_client"}
     problems, summary = conformance.check(prod_render, versions, REPO / "inventory" / "prod")
     print("\n".join(summary))
     assert problems == []
@@ -59,7 +60,7 @@ def test_a_wrong_flag_or_key_fails_naming_it(prod_render, versions, tmp_path):
                  "kv_transfer_config key kv_rol (gpu-p1/etc/vllm/prefill0.env, host gpu-p1) is not a field of "
                  "vllm 0.33.0's KVTransferConfig",
                  "--prefil-policy (router-1/etc/vllm-router/router.env, host router-1) is not a flag of "
-                 "vllm-router 0.1.17",
+                 "smg 1.13.0",
                  "--rpc-port (ctl-1/etc/mooncake/master.env, host ctl-1) is not a flag of "
                  "mooncake-transfer-engine-non-cuda 0.3.13.post1",
                  "--no_such_flag (gpu-p1/etc/vllm/mooncake-store-client.env, host gpu-p1) is not a flag of "

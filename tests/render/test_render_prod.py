@@ -121,10 +121,22 @@ def test_router_lists_every_prefill_and_decode_of_its_pool(prod_render, inventor
     env = parse_env_file(prod_render / router / 'etc/vllm-router/router.env')
     argv = expand_exec(unit_exec_start(prod_render / router / 'etc/systemd/system/vllm-router.service'), env)
     print(command_line(argv))
-    assert '--vllm-pd-disaggregation' in argv
-    assert argv[argv.index('--kv-connector') + 1] == 'mooncake'
-    prefills = [(argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == '--prefill']
-    decodes = [argv[i + 1] for i, a in enumerate(argv) if a == '--decode']
+    manifest = prod_render / router / 'etc/vllm-router/workers.json'
+    if manifest.exists():
+        # smg (the default): its workers come from the manifest file, each with the connector and a prefill's
+        # bootstrap port and engine id (without them smg routes through passthrough); none is on its command line.
+        assert '--pd-disaggregation' in argv and argv[argv.index('--discovery-file') + 1] == '/etc/vllm-router/workers.json'
+        assert '--prefill' not in argv and '--decode' not in argv
+        workers = json.loads(manifest.read_text())['workers']
+        assert all(w['kv_connector'] == 'MooncakeConnector' for w in workers)
+        assert all(w['kv_engine_id'] for w in workers if w['worker_type'] == 'prefill')
+        prefills = [(w['url'], str(w['bootstrap_port'])) for w in workers if w['worker_type'] == 'prefill']
+        decodes = [w['url'] for w in workers if w['worker_type'] == 'decode']
+    else:
+        assert '--vllm-pd-disaggregation' in argv
+        assert argv[argv.index('--kv-connector') + 1] == 'mooncake'
+        prefills = [(argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == '--prefill']
+        decodes = [argv[i + 1] for i, a in enumerate(argv) if a == '--decode']
     assert prefills and decodes
     assert sorted(prefills) == sorted(('http://%s:%s' % (hv[h]['ansible_host'], i['port']), str(i['bootstrap_port']))
                                       for h, i in instances(inventory, 'vllm_prefill')

@@ -424,9 +424,8 @@ def test_router_binds_its_cluster_address_unless_told():
 def test_router_endpoints_are_what_the_entry_and_the_drain_reach():
     """One list for haproxy's backends (address:port from another host) and the vLLM drain (local_url on the
     router's host, with the router's key): a router bound to every address is reached at its cluster address."""
-    hv = {'r1': {'common_host_ip': '10.0.0.41', 'vllm_router_api_key': 'k1'},
-          'r2': {'common_host_ip': '10.0.0.42', 'vllm_router_host': '0.0.0.0', 'vllm_router_port': 9000,
-                 'vllm_router_implementation': 'smg'},
+    hv = {'r1': {'common_host_ip': '10.0.0.41', 'vllm_router_api_key': 'k1', 'vllm_router_implementation': 'vllm-router'},
+          'r2': {'common_host_ip': '10.0.0.42', 'vllm_router_host': '0.0.0.0', 'vllm_router_port': 9000},  # smg: the default
           'r3': {'common_host_ip': '10.0.0.43', 'vllm_router_host': '192.168.7.3', 'vllm_router_port': 9001}}
     eps = bf.router_endpoints(['r1', 'r2', 'r3'], hv)
     port = int(bf.host_cfg('r1', hv)['vllm_router_port'])
@@ -434,7 +433,7 @@ def test_router_endpoints_are_what_the_entry_and_the_drain_reach():
                       'local_url': 'http://10.0.0.41:%d' % port, 'headers': {'Authorization': 'Bearer k1'},
                       'implementation': 'vllm-router'}
     # Which worker API it has: the vLLM retirement calls vllm-router's /remove_worker only (smg's manifest drops it).
-    assert [e['implementation'] for e in eps] == ['vllm-router', 'smg', 'vllm-router']
+    assert [e['implementation'] for e in eps] == ['vllm-router', 'smg', 'smg']
     assert (eps[1]['address'], eps[1]['port'], eps[1]['local_url'], eps[1]['headers']) == \
         ('10.0.0.42', 9000, 'http://127.0.0.1:9000', {})
     assert (eps[1]['url'], eps[2]['url'], eps[2]['local_url']) == \

@@ -95,6 +95,7 @@ def test_kv_transfer_config_keys_connectors_and_extra_keys_are_checked_down_the_
 def test_versions_of_reads_hostvars_over_defaults_and_refuses_two_versions():
     groups = {"vllm_prefill": ["p1"], "vllm_decode": ["d1"], "vllm_router": ["r1"], "mooncake_master": ["m1"]}
     defaults = {"vllm_package": "vllm", "vllm_version": "0.33.0", "vllm_router_version": "0.1.17",
+                "vllm_router_implementation": "vllm-router", "vllm_router_smg_version": "1.13.0",
                 "mooncake_package": "mooncake-transfer-engine-cuda13", "mooncake_version": "0.3.14"}
     hostvars = {"m1": {"mooncake_package": "mooncake-transfer-engine-non-cuda", "mooncake_version": "0.3.13.post1"}}
     assert c.versions_of(groups, hostvars, defaults) == {
@@ -124,6 +125,24 @@ def test_rendered_reads_units_and_environment_files(tmp_path):
         ("vllm", "gpu-p1", "gpu-p1/etc/vllm/prefill0.env", ["--max-model-len", "--enforce-eager"]),
         ("mooncake_master", "ctl-1", "ctl-1/etc/mooncake/master.env", ["--rpc_port", "--enable_ha"])]
     assert kv == [("gpu-p1", Path("gpu-p1/etc/vllm/prefill0.env"), {"kv_connector": "MooncakeConnector"})]
+
+
+def test_rendered_names_each_router_by_the_program_its_unit_runs(tmp_path):
+    """A router host's flags are read against smg where its unit starts smg's launcher, else against vllm-router: a
+    flag of one program is a wrong flag of the other."""
+    for host, exec_start in (("router-1", "/opt/vllm-router/venv/bin/python /opt/vllm-router/bin/%s $VLLM_ROUTER_ARGS"
+                              % c.SMG_LAUNCHER), ("router-2", "/opt/vllm-router/venv/bin/vllm-router $VLLM_ROUTER_ARGS")):
+        unit = tmp_path / host / "etc" / "systemd" / "system" / "vllm-router.service"
+        unit.parent.mkdir(parents=True)
+        unit.write_text("[Service]\nExecStart=%s\n" % exec_start)
+        env = tmp_path / host / "etc" / "vllm-router" / "router.env"
+        env.parent.mkdir(parents=True)
+        env.write_text('VLLM_ROUTER_ARGS="--pd-disaggregation --host 10.0.0.41"\n')
+    cmds, _ = c.rendered(tmp_path)
+    assert [(p, h) for p, h, _, _ in cmds] == [("smg", "router-1"), ("vllm-router", "router-2")]
+    known = {"smg": {"--pd-disaggregation", "--host"}, "vllm-router": {"--vllm-pd-disaggregation", "--host"}}
+    assert c.flag_problems(cmds, known, {"smg": "smg 1.13.0", "vllm-router": "vllm-router 0.1.17"}) == [
+        "--pd-disaggregation (router-2/etc/vllm-router/router.env, host router-2) is not a flag of vllm-router 0.1.17"]
 
 
 def _wheel(tmp_path, files):

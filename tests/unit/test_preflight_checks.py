@@ -824,8 +824,11 @@ def test_the_run_once_forms_give_the_per_host_messages():
 @pytest.mark.parametrize("values, expected", [
     ({"vllm_router_implementation": "smg"}, []),
     ({"vllm_router_implementation": "smg", "vllm_router_prefill_policy": "prefix_hash"}, []),
-    ({"vllm_router_prefill_policy": "prefix_hash"},
+    ({"vllm_router_prefill_policy": "prefix_hash"}, []),  # smg is the default
+    ({"vllm_router_implementation": "vllm-router", "vllm_router_prefill_policy": "prefix_hash"},
      ['vllm_router_prefill_policy="prefix_hash" on router-1 is not a prefill policy of vllm-router', "one of smg"]),
+    (STORE, ['vllm_router_implementation="smg" on router-1 is smg while the router runs nixl PD mode']),  # the default
+    (dict(STORE, vllm_router_implementation="vllm-router"), []),
     ({"vllm_router_implementation": "smg", "vllm_router_decode_policy": "consistent_hash"},
      ['vllm_router_decode_policy="consistent_hash" on router-1 is not a decode policy of smg',
       "set vllm_router_implementation to vllm-router"]),

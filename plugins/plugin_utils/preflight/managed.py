@@ -71,7 +71,10 @@ def managed_store_config(cfg, host, groups, specs):
             for key in sorted(store) if key in _managed.MOONCAKE_JSON]
 
 
-def _router_flags(implementation='vllm-router'):
+_WORKER_FLAGS = ('--prefill', '--decode')
+
+
+def _router_flags(implementation):
     """Every flag the router's argv can emit (bundle_router_argv, or bundle_smg_argv for smg: the command line is
     its own table), and for smg --api-key (its launcher adds it in process)."""
     cfg = {k: '1' for k in ('kv_connector', 'host', 'port', 'prefill_policy', 'decode_policy', 'prometheus_host',
@@ -79,7 +82,8 @@ def _router_flags(implementation='vllm-router'):
                             'health_success_threshold', 'manifest', 'discovery_interval_secs', 'shutdown_grace_secs')}
     cfg.update(max_concurrent_requests=1, request_timeout_secs=1, extra_args=[])
     if implementation == 'smg':
-        argv = _smg.smg_argv(cfg) + ['--api-key']
+        # Its workers come from the manifest: one on the command line would be a worker the bundle does not know.
+        argv = _smg.smg_argv(cfg) + ['--api-key'] + list(_WORKER_FLAGS) + ['--worker-urls']
     else:
         argv = _bundle.router_argv(cfg, [{'url': 'u', 'bootstrap_port': 1}], ['u'])
     return sorted({a for a in argv if a.startswith('--')})
@@ -96,12 +100,12 @@ def managed_router_args(cfg, host, groups, specs):
     tokens = cfg.get('vllm_router_extra_args')
     if not _is_list(tokens):
         return []
-    managed = _router_flags(str(cfg.get('vllm_router_implementation') or 'vllm-router'))
+    managed = _router_flags(str(cfg.get('vllm_router_implementation')))
     out = []
     for i, tok in enumerate(str(t) for t in tokens):
         flag = tok.split('=', 1)[0]
         if flag in managed:
-            workers = flag in ('--prefill', '--decode')
+            workers = flag in _WORKER_FLAGS + ('--worker-urls',)
             out.append(refuse('vllm_router_extra_args', host, 'repeats %s (item %d), a flag the bundle sets%s'
                               % (flag, i, ' (every instance of vllm_prefill / vllm_decode; an extra one is a worker '
                                           'the firewall, status and rolling restarts do not know)' if workers else
@@ -300,7 +304,7 @@ def router_implementation(cfg, host, groups, specs):
     """The router's policies are ones its program has (smg.POLICIES: vllm-router's consistent_hash is smg's
     consistent_hashing); smg runs P2P only (store mode, vllm-router's sequential nixl mode, is not built on smg); and
     smg's prefills carry the engine id it registers them with (an explicit vllm_router_prefill_urls entry needs one)."""
-    impl = str(cfg.get('vllm_router_implementation') or 'vllm-router')
+    impl = str(cfg.get('vllm_router_implementation'))
     if impl not in _smg.POLICIES:
         return []  # argument_specs refuses it
     out = []
