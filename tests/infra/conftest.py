@@ -63,7 +63,8 @@ BUNDLE = load_filter('bundle')
 DEFAULTS = role_defaults(
     'etcd_client_port', 'etcd_peer_port', 'etcd_mooncake_client_port', 'etcd_cert_dir',
     'mooncake_master_metrics_port', 'mooncake_master_rpc_port',
-    'vllm_router_port', 'vllm_router_prometheus_port', 'vllm_default_bootstrap_port',
+    'vllm_router_port', 'vllm_router_prometheus_port', 'vllm_router_implementation', 'vllm_router_user',
+    'vllm_default_bootstrap_port',
     'vllm_kv_connector', 'vllm_venv', 'vllm_store_ssd', 'vllm_store_ssd_http_port', 'vllm_store_ssd_service_port', 'vllm_store_ssd_user',
 )
 

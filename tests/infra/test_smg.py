@@ -31,7 +31,7 @@ def test_smg_unit_runs_smg_with_its_manifest(host):
     # (test_units.py's scan covers every process).
     assert host.check_output('cat /proc/%s/comm' % pid).startswith('smg::router')
     f = host.file(MANIFEST)
-    assert f.exists and f.mode == 0o640 and f.user == 'root' and f.group == hvars(host).get('vllm_router_user', 'vllm-router')
+    assert f.exists and f.mode == 0o640 and f.user == 'root' and f.group == hvars(host)['vllm_router_user']
 
 
 def test_smg_worker_api_demands_the_key(host):
