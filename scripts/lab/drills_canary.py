@@ -77,8 +77,9 @@ def alarms_in(text, failures, exclude=()):
         if m and int(m.group(2)) >= failures:
             broken.add(m.group(1))
         # A heal, or an ejection (issue 52: no false ejection over the whole CI run), outside a drill's own fault.
+        # Stamped (UTC), so that a false one is placed in the step whose log shows that time.
         if " heal: heal " in rest or " canary eject: took " in rest:
-            heals.append(rest.split(": ", 1)[-1][:200])
+            heals.append(time.strftime("%H:%M:%S UTC ", time.gmtime(t)) + rest.split(": ", 1)[-1][:200])
     return broken, heals
 
 

@@ -541,6 +541,7 @@ def test_canary_alarms_leave_out_only_the_drills_own_window():
     ejected = journal + ("\n1040.0 pd-canary[1]: canary pool=default canary eject: took decode1/decode0 out of rotation "
                          "(decode decode1/decode0 fails with every peer (2) while they pass with others: wedged): answered 200")
     assert len(drills.alarms_in(ejected, 4)[1]) == 2
+    assert drills.alarms_in(ejected, 4)[1][1].startswith("00:17:20 UTC canary pool=default canary eject: took")
     assert drills.alarms_in(ejected, 4, exclude=[(1005, 1050)]) == (set(), [])
 
 
