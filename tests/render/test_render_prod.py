@@ -125,7 +125,7 @@ def test_router_lists_every_prefill_and_decode_of_its_pool(prod_render, inventor
     if manifest.exists():
         # smg (the default): its workers come from the manifest file, each with the connector and a prefill's
         # bootstrap port and engine id (without them smg routes through passthrough); none is on its command line.
-        assert '--pd-disaggregation' in argv and argv[argv.index('--discovery-file') + 1] == '/etc/vllm-router/workers.json'
+        assert '--pd-disaggregation' in argv and argv[argv.index('--discovery-file') + 1] == '/%s' % manifest.relative_to(prod_render / router)
         assert '--prefill' not in argv and '--decode' not in argv
         workers = json.loads(manifest.read_text())['workers']
         assert all(w['kv_connector'] == 'MooncakeConnector' for w in workers)

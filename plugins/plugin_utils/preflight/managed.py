@@ -71,7 +71,8 @@ def managed_store_config(cfg, host, groups, specs):
             for key in sorted(store) if key in _managed.MOONCAKE_JSON]
 
 
-_WORKER_FLAGS = ('--prefill', '--decode')
+# The flags that name workers (vllm-router emits the first two; smg takes its workers from the manifest only).
+_WORKER_FLAGS = ('--prefill', '--decode', '--worker-urls')
 
 
 def _router_flags(implementation):
@@ -83,7 +84,7 @@ def _router_flags(implementation):
     cfg.update(max_concurrent_requests=1, request_timeout_secs=1, extra_args=[])
     if implementation == 'smg':
         # Its workers come from the manifest: one on the command line would be a worker the bundle does not know.
-        argv = _smg.smg_argv(cfg) + ['--api-key'] + list(_WORKER_FLAGS) + ['--worker-urls']
+        argv = _smg.smg_argv(cfg) + ['--api-key'] + list(_WORKER_FLAGS)
     else:
         argv = _bundle.router_argv(cfg, [{'url': 'u', 'bootstrap_port': 1}], ['u'])
     return sorted({a for a in argv if a.startswith('--')})
@@ -105,7 +106,7 @@ def managed_router_args(cfg, host, groups, specs):
     for i, tok in enumerate(str(t) for t in tokens):
         flag = tok.split('=', 1)[0]
         if flag in managed:
-            workers = flag in _WORKER_FLAGS + ('--worker-urls',)
+            workers = flag in _WORKER_FLAGS
             out.append(refuse('vllm_router_extra_args', host, 'repeats %s (item %d), a flag the bundle sets%s'
                               % (flag, i, ' (every instance of vllm_prefill / vllm_decode; an extra one is a worker '
                                           'the firewall, status and rolling restarts do not know)' if workers else
